@@ -134,6 +134,43 @@ _UNSUPPORTED_KWARGS = {
 _IGNORED_KWARGS = ("disable_recompute", "max_num_seqs", "chunk_size")
 
 
+def check_chunk_kda(
+    q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+    use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, safe_gate=False, lower_bound=None,
+    state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None, **kwargs,
+) -> dict:
+    """Check a :func:`chunk_kda` call; return the keyword arguments of :func:`forward` (less out/final_state)
+    and the problem shape. Raises exactly what :func:`chunk_kda` would raise, and touches no tensor data."""
+    for name, value in kwargs.items():
+        if name in _UNSUPPORTED_KWARGS:
+            ok, reason = _UNSUPPORTED_KWARGS[name]
+            if value is not ok and value != ok:
+                raise NotImplementedError(f"{name}={value!r}: {reason}")
+        elif name not in _IGNORED_KWARGS:
+            raise TypeError(f"chunk_kda() got an unexpected keyword argument {name!r}")
+    p = checks.check_inputs(q, k, v, g, beta)
+    p = checks.check_cu_seqlens(cu_seqlens, p, q.device, cu_seqlens_cpu)
+    scale = p.K ** -0.5 if scale is None else checks.check_scale(scale)
+    if use_gate_in_kernel:
+        if lower_bound is None:
+            raise ValueError("lower_bound: required with use_gate_in_kernel=True (fastkda implements the "
+                             "bounded gate lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), in [-5, 0))")
+        lower_bound = checks.check_lower_bound(lower_bound)
+        checks.check_gate_params(A_log, dt_bias, p, q.device, A_log_required=False)
+    else:
+        if not safe_gate:
+            raise ValueError("safe_gate: with use_gate_in_kernel=False, g is a precomputed log-decay that "
+                             "fastkda requires to lie in [-5, 0]; pass safe_gate=True to assert it")
+        A_log = dt_bias = None
+        lower_bound = None
+    checks.check_state("initial_state", initial_state, p, q.device, state_v_first)
+    _check_no_grad(q, k, v, g, beta, A_log, dt_bias, initial_state)
+    return dict(problem=p, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                initial_state=initial_state, cu_seqlens=cu_seqlens, state_v_first=state_v_first,
+                use_qk_l2norm=use_qk_l2norm_in_kernel, use_gate=use_gate_in_kernel,
+                use_beta_sigmoid=use_beta_sigmoid_in_kernel)
+
+
 def chunk_kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -180,37 +217,16 @@ def chunk_kda(
     are accepted and ignored; options fastkda does not implement raise ``NotImplementedError``. Forward
     only: inputs that require grad raise unless grad mode is off.
     """
-    for name, value in kwargs.items():
-        if name in _UNSUPPORTED_KWARGS:
-            ok, reason = _UNSUPPORTED_KWARGS[name]
-            if value is not ok and value != ok:
-                raise NotImplementedError(f"{name}={value!r}: {reason}")
-        elif name not in _IGNORED_KWARGS:
-            raise TypeError(f"chunk_kda() got an unexpected keyword argument {name!r}")
-    p = checks.check_inputs(q, k, v, g, beta)
-    p = checks.check_cu_seqlens(cu_seqlens, p, q.device, cu_seqlens_cpu)
-    scale = p.K ** -0.5 if scale is None else checks.check_scale(scale)
-    if use_gate_in_kernel:
-        if lower_bound is None:
-            raise ValueError("lower_bound: required with use_gate_in_kernel=True (fastkda implements the "
-                             "bounded gate lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), in [-5, 0))")
-        lower_bound = checks.check_lower_bound(lower_bound)
-        checks.check_gate_params(A_log, dt_bias, p, q.device, A_log_required=False)
-    else:
-        if not safe_gate:
-            raise ValueError("safe_gate: with use_gate_in_kernel=False, g is a precomputed log-decay that "
-                             "fastkda requires to lie in [-5, 0]; pass safe_gate=True to assert it")
-        A_log = dt_bias = None
-        lower_bound = None
-    checks.check_state("initial_state", initial_state, p, q.device, state_v_first)
-    _check_no_grad(q, k, v, g, beta, A_log, dt_bias, initial_state)
+    call = check_chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                           output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                           use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                           safe_gate=safe_gate, lower_bound=lower_bound, state_v_first=state_v_first,
+                           cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias, **kwargs)
+    p = call.pop("problem")
     out = torch.empty_like(v)
     final_state = None
     if output_final_state:
         final_state = torch.empty(checks.state_shape(p, state_v_first), dtype=torch.float32, device=q.device)
     with torch.no_grad():
-        forward(q, k, v, g, beta, scale=scale, out=out, final_state=final_state, A_log=A_log, dt_bias=dt_bias,
-                lower_bound=lower_bound, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                state_v_first=state_v_first, use_qk_l2norm=use_qk_l2norm_in_kernel, use_gate=use_gate_in_kernel,
-                use_beta_sigmoid=use_beta_sigmoid_in_kernel)
+        forward(q, k, v, g, beta, out=out, final_state=final_state, **call)
     return out, final_state

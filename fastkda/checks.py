@@ -128,6 +128,8 @@ def check_inputs(q, k, v, g, beta) -> Problem:
     HV, V = v.shape[2], v.shape[3]
     if V not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"v: unsupported head dim V={V}; supported: {SUPPORTED_HEAD_DIMS}")
+    if H < 1:
+        raise ValueError(f"q: expected at least one head, got shape {tuple(q.shape)}")
     if HV < H or HV % H:
         raise ValueError(f"v: its head count HV={HV} must be a positive multiple of the q/k head count H={H}")
     _shape("g", g, (B, T, HV, K), "[B, T, HV, K]")

@@ -11,25 +11,108 @@ BC = 16 inside stage 1, value blocks of BV = 64 columns in stage 2, 4 warps. Arg
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import os
 
 import torch
 import triton
+import triton.language as tl
 
 from .chunk_prepare import _chunk_offsets_kernel, _chunk_prepare_kernel
 from .chunk_recurrence import _chunk_recurrence_kernel
 
-CHUNK_SIZE = 64      # BT: tokens per chunk
-ROW_BLOCK = 16       # BC: rows per block with a shared decay reference (16 * 5 = 80 < log(fp32 max))
+CHUNK_SIZE = int(os.environ.get('FASTKDA_BT', 64))      # BT: tokens per chunk
 VALUE_BLOCK = 64     # BV: state columns per stage-2 program
 NUM_WARPS = 4
+PREPARE_WARPS = 8
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
     """dtype of the stage-1 tensors (and of the stage-2 matrix operands): bf16, fp32 for fp32 inputs."""
     return torch.float32 if input_dtype == torch.float32 else torch.bfloat16
+
+
+class Stage1(NamedTuple):
+    """Stage-1 tensors of one call (head-major: [HV, tokens, ...]) and the chunk bookkeeping."""
+
+    w: torch.Tensor
+    u: torch.Tensor
+    qg: torch.Tensor
+    kt: torch.Tensor
+    aqk: torch.Tensor
+    gl: torch.Tensor
+    chunk_offsets: Optional[torch.Tensor]
+    n_chunks: int   # stage-1 programs along the chunk axis (an upper bound with cu_seqlens)
+    N: int          # sequences
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm,
+                   use_gate, use_beta_sigmoid) -> Stage1:
+    """Stage 0 and stage 1: allocate and fill the per-chunk tensors."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    T_total = B * T
+    BT = CHUNK_SIZE
+    device = q.device
+    varlen = cu_seqlens is not None
+    if varlen:
+        N = cu_seqlens.numel() - 1
+        n_chunks = triton.cdiv(T_total, BT) + N      # upper bound: each sequence adds <= 1 partial chunk
+        chunk_offsets = torch.empty(N + 1, dtype=torch.int32, device=device)
+        _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, N, BT=BT, BLOCK=1024)
+    else:
+        N = B
+        n_chunks = B * triton.cdiv(T, BT)
+        chunk_offsets = None
+    sdt = stage_dtype(q.dtype)
+    st = Stage1(w=torch.empty(HV, T_total, K, dtype=sdt, device=device),
+                u=torch.empty(HV, T_total, V, dtype=sdt, device=device),
+                qg=torch.empty(HV, T_total, K, dtype=sdt, device=device),
+                kt=torch.empty(HV, T_total, K, dtype=sdt, device=device),
+                aqk=torch.empty(HV, T_total, BT, dtype=sdt, device=device),
+                gl=torch.empty(max(n_chunks, 1), HV, K, dtype=torch.float32, device=device),
+                chunk_offsets=chunk_offsets, n_chunks=n_chunks, N=N)
+    if n_chunks > 0 and N > 0:
+        # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
+        _chunk_prepare_kernel[(n_chunks, HV)](
+            q, k, v, g, beta, A_log, dt_bias,
+            st.w, st.u, st.qg, st.kt, st.aqk, st.gl,
+            cu_seqlens, chunk_offsets,
+            T, T_total, N, scale, 0.0 if lower_bound is None else lower_bound,
+            H, HV, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, search_steps=max(1, N.bit_length()),
+            IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm, USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid,
+            HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
+            DOT_PRECISION="ieee" if _interpreting() else "tf32",
+            MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=_interpreting(),
+            num_warps=int(os.environ.get('FASTKDA_PREPARE_WARPS', PREPARE_WARPS)), num_stages=1,
+        )
+    return st
+
+
+def run_recurrence(st: Stage1, *, out, initial_state, final_state, cu_seqlens, state_v_first) -> None:
+    """Stage 2: carry the state through each sequence, write ``out`` and ``final_state``."""
+    B, T, HV, V = out.shape
+    K = st.w.shape[-1]
+    if st.N == 0:
+        return
+    BV = min(int(os.environ.get('FASTKDA_BV', VALUE_BLOCK)), V)
+    s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
+    _chunk_recurrence_kernel[(V // BV, st.N * HV)](
+        st.w, st.u, st.qg, st.kt, st.aqk, st.gl,
+        initial_state, final_state, out,
+        cu_seqlens, st.chunk_offsets,
+        T, B * T,
+        s_state_k, s_state_v,
+        HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
+        IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
+        INTERPRET=_interpreting(),
+        num_warps=int(os.environ.get('FASTKDA_REC_WARPS', NUM_WARPS)), num_stages=int(os.environ.get('FASTKDA_REC_STAGES', 3 if st.w.dtype == torch.bfloat16 else 1)),
+    )
 
 
 def kda_forward(
@@ -48,56 +131,8 @@ def kda_forward(
     use_beta_sigmoid: bool,
 ) -> None:
     """Run the two-stage Triton forward; writes ``out`` and ``final_state`` (if given)."""
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    T_total = B * T
-    BT, BC = CHUNK_SIZE, ROW_BLOCK
-    BV = min(VALUE_BLOCK, V)
-    device = q.device
-    varlen = cu_seqlens is not None
-    if varlen:
-        N = cu_seqlens.numel() - 1
-        n_chunks = triton.cdiv(T_total, BT) + N      # upper bound: each sequence adds <= 1 partial chunk
-        chunk_offsets = torch.empty(N + 1, dtype=torch.int32, device=device)
-        _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, N, BT=BT, BLOCK=1024)
-    else:
-        N = B
-        n_chunks = B * triton.cdiv(T, BT)
-        chunk_offsets = None
-    if N == 0:
-        return
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    # Stage-1 products run in tf32 on the GPU; the CPU interpreter's tf32 emulation is far coarser than
-    # the hardware's, so there they run in full fp32.
-    dot_precision = "ieee" if interpret else "tf32"
-    sdt = stage_dtype(q.dtype)
-    w = torch.empty(HV, T_total, K, dtype=sdt, device=device)
-    qg = torch.empty(HV, T_total, K, dtype=sdt, device=device)
-    kt = torch.empty(HV, T_total, K, dtype=sdt, device=device)
-    u = torch.empty(HV, T_total, V, dtype=sdt, device=device)
-    aqk = torch.empty(HV, T_total, BT, dtype=sdt, device=device)
-    gl = torch.empty(max(n_chunks, 1), HV, K, dtype=torch.float32, device=device)
-
-    if n_chunks > 0:
-        _chunk_prepare_kernel[(n_chunks, HV)](
-            q, k, v, g, beta, A_log, dt_bias,
-            w, u, qg, kt, aqk, gl,
-            cu_seqlens, chunk_offsets,
-            T, T_total, N, scale, 0.0 if lower_bound is None else lower_bound,
-            H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, SEARCH_STEPS=max(1, N.bit_length()),
-            IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm, USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid,
-            HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None, DOT_PRECISION=dot_precision,
-            num_warps=NUM_WARPS, num_stages=1,
-        )
-    s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
-    _chunk_recurrence_kernel[(V // BV, N * HV)](
-        w, u, qg, kt, aqk, gl,
-        initial_state, final_state, out,
-        cu_seqlens, chunk_offsets,
-        T, T_total,
-        s_state_k, s_state_v,
-        HV=HV, K=K, V=V, BV=BV, BT=BT,
-        IS_VARLEN=varlen, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
-        INTERPRET=interpret,
-        num_warps=NUM_WARPS, num_stages=2,
-    )
+    st = prepare_chunks(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                        cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, use_gate=use_gate,
+                        use_beta_sigmoid=use_beta_sigmoid)
+    run_recurrence(st, out=out, initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
+                   state_v_first=state_v_first)

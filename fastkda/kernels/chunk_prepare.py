@@ -15,16 +15,21 @@ log-decay (the fused gate) and β the beta sigmoid, G = the within-chunk cumulat
 so that the recurrence stage only has to do, per chunk, U = U0 − W·S, O = Qg·S + Aqk·U and
 S = diag(gl)·S + Ktᵀ·U.
 
-Numerics. e^{G_i − G_j} is never formed as e^{G_i}·e^{−G_j} over the whole chunk (e^{−G} reaches e^{320} at
-the lower bound −5). Rows are taken in blocks of BC = 16 tokens, each with its own reference point r (the
-cumulative decay just before the block): rows use e^{G_i − G_r} ≤ 1 and columns e^{G_r − G_j}, which is ≤ 1
-for earlier blocks and ≤ e^{16·5} = e^{80} inside the block — inside fp32 (and tf32) range as long as every
-per-step log-decay is ≥ −5. T is built block row by block row: the 16 x 16 diagonal blocks are inverted
-exactly by forward substitution, the off-diagonal blocks follow from T_I = T_II·(E_I − L_{I,<I}·T_{<I}).
+Numerics. e^{G_i − G_j} is formed as a product e^{G_i − r}·e^{r − G_j}, which needs both factors inside the
+fp32 (and bf16) exponent range, |G − r| < 88. With every per-step log-decay ≥ −5, G spans at most 5·32 = 160
+over a half chunk of 32 tokens, so a reference r in the middle of each half (the cumulative decay at its
+16th token) keeps both factors within e^{±80}: one product covers all pairs inside a half. Pairs across the
+halves use the boundary r = G_31, where both factors are ≤ 1. Pairs j > i (masked out) may overflow; they
+are discarded by selection, never multiplied.
+T is built by block doubling: if T_b inverts I + L restricted to diagonal blocks of size b, the blocks of
+size 2b are inverted by T_2b = T_b − T_b·C_b·T_b, C_b the part of L linking the two halves of each 2b block.
+That is exact algebra (no series), in tf32 products; T_1 = I.
 """
 
 import triton
 import triton.language as tl
+
+from .matmul import _mm
 
 
 @triton.jit
@@ -68,10 +73,11 @@ def _chunk_prepare_kernel(
     w, u, qg, kt, aqk, gl,
     cu_seqlens, chunk_offsets,
     T, T_total, N, scale, lower_bound,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    H, HV, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, LOG2_BT: tl.constexpr, search_steps,
     IS_VARLEN: tl.constexpr, USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, USE_BETA_SIGMOID: tl.constexpr,
-    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, MM_DTYPE: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -81,7 +87,7 @@ def _chunk_prepare_kernel(
     if IS_VARLEN:
         lo = 0
         hi = N - 1
-        for _ in range(SEARCH_STEPS):  # largest n with chunk_offsets[n] <= i_c
+        for _ in range(search_steps):  # largest n with chunk_offsets[n] <= i_c
             mid = (lo + hi + 1) // 2
             ok = tl.load(chunk_offsets + mid) <= i_c
             lo = tl.where(ok, mid, lo)
@@ -98,95 +104,72 @@ def _chunk_prepare_kernel(
         t0 = bos + (i_c % NT) * BT
 
     o_t = tl.arange(0, BT)
-    o_c = tl.arange(0, BC)
     o_k = tl.arange(0, K)
     o_v = tl.arange(0, V)
     rows = t0 + o_t
     m_t = rows < eos
 
-    # Whole-chunk tiles: k̂ and the cumulative log-decay G (padding rows: k̂ = 0, a = 0).
+    # Whole-chunk tiles: k̂, q̂ and the cumulative log-decay G (padding rows: k̂ = q̂ = 0, a = 0).
     b_k = _load_rows(k, rows * H + i_h, K, o_k, m_t)
+    b_q = _load_rows(q, rows * H + i_h, K, o_k, m_t)
     if USE_L2NORM:
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
     b_a = _log_decay(_load_rows(g, rows * HV + i_hv, K, o_k, m_t), A_log, dt_bias, i_hv, o_k, lower_bound,
                      USE_GATE, HAS_A_LOG, HAS_DT_BIAS, K)
-    b_a = tl.where(m_t[:, None], b_a, 0.0)
-    b_G = tl.cumsum(b_a, 0)
-
-    # Row blocks of BC tokens: Aqk rows are stored directly, T is assembled block row by block row.
-    b_T = tl.zeros([BT, BT], dtype=tl.float32)
-    blk_of_row = o_t // BC
-    for i_b in tl.static_range(BT // BC):
-        r_rows = t0 + i_b * BC + o_c
-        m_r = r_rows < eos
-        # G just before the block: the block's reference point.
-        g_ref = tl.sum(tl.where((o_t < i_b * BC)[:, None], b_a, 0.0), 0)
-        r_k = _load_rows(k, r_rows * H + i_h, K, o_k, m_r)
-        r_q = _load_rows(q, r_rows * H + i_h, K, o_k, m_r)
-        if USE_L2NORM:
-            r_k = r_k * tl.rsqrt(tl.sum(r_k * r_k, 1) + 1e-6)[:, None]
-            r_q = r_q * tl.rsqrt(tl.sum(r_q * r_q, 1) + 1e-6)[:, None]
-        r_a = _log_decay(_load_rows(g, r_rows * HV + i_hv, K, o_k, m_r), A_log, dt_bias, i_hv, o_k, lower_bound,
-                         USE_GATE, HAS_A_LOG, HAS_DT_BIAS, K)
-        r_a = tl.where(m_r[:, None], r_a, 0.0)
-        r_Grel = tl.cumsum(r_a, 0)                        # G_i - G_ref for the block's rows, <= 0
-        r_beta = tl.load(beta + r_rows * HV + i_hv, mask=m_r, other=0.0).to(tl.float32)
-        if USE_BETA_SIGMOID:
-            r_beta = tl.sigmoid(r_beta)
-        r_beta = tl.where(m_r, r_beta, 0.0)
-
-        # Columns j up to the end of this block, relative to the same reference: e^{G_ref - G_j}.
-        col_ok = o_t < (i_b + 1) * BC
-        c_exp = tl.where(col_ok[:, None], g_ref[None, :] - b_G, 0.0)
-        c_kneg = tl.where(col_ok[:, None], b_k * tl.exp(c_exp), 0.0)              # [BT, K]
-        r_kpos = r_k * tl.exp(r_Grel)                                            # [BC, K]
-        r_qpos = r_q * tl.exp(r_Grel)
-        i_glob = i_b * BC + o_c
-        b_akk = tl.dot(r_kpos, tl.trans(c_kneg), input_precision=DOT_PRECISION)                                 # [BC, BT]
-        b_akk = tl.where(o_t[None, :] < i_glob[:, None], b_akk * r_beta[:, None], 0.0)
-        b_aqk = tl.dot(r_qpos, tl.trans(c_kneg), input_precision=DOT_PRECISION)
-        b_aqk = tl.where(o_t[None, :] <= i_glob[:, None], b_aqk * scale, 0.0)
-        tl.store(aqk + (i_hv * T_total + r_rows)[:, None] * BT + o_t[None, :],
-                 b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
-
-        # Diagonal block L_II (strictly lower) -> its inverse by forward substitution, exact in fp32.
-        d_kneg = r_k * tl.exp(-r_Grel)
-        b_lii = tl.dot(r_kpos, tl.trans(d_kneg), input_precision="ieee")
-        b_lii = tl.where(o_c[None, :] < o_c[:, None], b_lii * r_beta[:, None], 0.0)
-        b_tii = (o_c[:, None] == o_c[None, :]).to(tl.float32)
-        for i in tl.static_range(1, BC):
-            l_row = tl.sum(tl.where(o_c[:, None] == i, b_lii, 0.0), 0)
-            t_row = (o_c == i).to(tl.float32) - tl.sum(l_row[:, None] * b_tii, 0)
-            b_tii = tl.where(o_c[:, None] == i, t_row[None, :], b_tii)
-
-        # T_I = T_II · (E_I − L_{I,<I} · T_{<I}); earlier block rows of b_T are complete.
-        b_rhs = (o_t[None, :] == i_glob[:, None]).to(tl.float32)
-        if i_b > 0:
-            b_loff = tl.where(o_t[None, :] < i_b * BC, b_akk, 0.0)
-            b_rhs = b_rhs - tl.dot(b_loff, b_T, input_precision=DOT_PRECISION)
-        b_ti = tl.dot(b_tii, b_rhs, input_precision="ieee")                    # [BC, BT]
-        b_ti_rows = tl.reshape(tl.broadcast_to(b_ti[None, :, :], [BT // BC, BC, BT]), [BT, BT])
-        b_T = tl.where((blk_of_row == i_b)[:, None], b_ti_rows, b_T)
-
-    # Per-token outputs of the chunk.
+    b_G = tl.cumsum(tl.where(m_t[:, None], b_a, 0.0), 0)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
     if USE_BETA_SIGMOID:
         b_beta = tl.sigmoid(b_beta)
     b_beta = tl.where(m_t, b_beta, 0.0)
+
+    # Reference points: the 16th token of each half, and the last token of the first half.
+    HALF: tl.constexpr = BT // 2
+    upper = o_t >= HALF
+    r_lo = tl.sum(tl.where((o_t == HALF // 2 - 1)[:, None], b_G, 0.0), 0)
+    r_hi = tl.sum(tl.where((o_t == HALF + HALF // 2 - 1)[:, None], b_G, 0.0), 0)
+    r_mid = tl.sum(tl.where((o_t == HALF - 1)[:, None], b_G, 0.0), 0)
+    d_own = b_G - tl.where(upper[:, None], r_hi[None, :], r_lo[None, :])          # |d_own| <= 80
+    d_mid = b_G - r_mid[None, :]
+    e_pos = tl.exp(d_own)
+    e_neg = tl.exp(-d_own)
+    x_pos = tl.exp(tl.where(upper[:, None], d_mid, 0.0))                        # rows of the upper half, <= 1
+    x_neg = tl.exp(tl.where(upper[:, None], 0.0, -d_mid))                       # rows of the lower half, <= 1
+    k_neg = (b_k * e_neg).to(MM_DTYPE)
+    k_xneg = tl.where(upper[:, None], 0.0, b_k * x_neg).to(MM_DTYPE)
+    same_half = upper[:, None] == upper[None, :]
+
+    # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})), stored now.
+    b_aqk = tl.where(same_half, _mm((b_q * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET), 0.0)
+    b_aqk += _mm(tl.where(upper[:, None], b_q * x_pos, 0.0).to(MM_DTYPE), tl.trans(k_xneg), INTERPRET)
+    b_aqk = tl.where(o_t[None, :] <= o_t[:, None], b_aqk * scale, 0.0)
+    tl.store(aqk + (i_hv * T_total + rows)[:, None] * BT + o_t[None, :], b_aqk.to(aqk.dtype.element_ty),
+             mask=m_t[:, None])
+    row_k = (i_hv * T_total + rows)[:, None] * K + o_k[None, :]
     b_eg = tl.exp(b_G)
+    tl.store(qg + row_k, (b_q * b_eg * scale).to(qg.dtype.element_ty), mask=m_t[:, None])
+
+    # L = strict_tril(diag(β) · k̂_i·(k̂_j ⊙ e^{G_i − G_j})).
+    b_L = tl.where(same_half, _mm((b_k * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET), 0.0)
+    b_L += _mm(tl.where(upper[:, None], b_k * x_pos, 0.0).to(MM_DTYPE), tl.trans(k_xneg), INTERPRET)
+    b_L = tl.where(o_t[None, :] < o_t[:, None], b_L * b_beta[:, None], 0.0)
+
+    # T = (I + L)^-1 by block doubling: T_1 = I, T_2b = T_b − T_b·C_b·T_b.
+    b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32)
+    b_T -= tl.where((o_t[:, None] // 2 == o_t[None, :] // 2), b_L, 0.0)              # b = 1 needs no product
+    for lvl in tl.static_range(1, LOG2_BT):                                          # b = 2, 4, ..., BT / 2
+        b_C = tl.where((o_t[:, None] >> (lvl + 1)) == (o_t[None, :] >> (lvl + 1)), b_L, 0.0)
+        b_C = tl.where((o_t[:, None] >> lvl) != (o_t[None, :] >> lvl), b_C, 0.0)
+        b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
+        b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
+
+    # Per-token outputs of the chunk, each stored as soon as it is formed (fewer live registers).
+    g_last = tl.sum(tl.where((o_t == BT - 1)[:, None], b_G, 0.0), 0)            # G at the chunk's last row
+    tl.store(kt + row_k, (b_k * tl.exp(g_last[None, :] - b_G)).to(kt.dtype.element_ty), mask=m_t[:, None])
+    tl.store(gl + (i_c * HV + i_hv) * K + o_k, tl.exp(g_last))
     b_w = tl.dot(b_T, b_k * b_eg * b_beta[:, None], input_precision=DOT_PRECISION)
+    tl.store(w + row_k, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
     b_v = _load_rows(v, rows * HV + i_hv, V, o_v, m_t)
     b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
-    b_q = _load_rows(q, rows * H + i_h, K, o_k, m_t)
-    if USE_L2NORM:
-        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-    g_last = tl.sum(b_a, 0)                                                    # G at the chunk's last row
-    b_kt = b_k * tl.exp(g_last[None, :] - b_G)
-
-    row_k = (i_hv * T_total + rows)[:, None] * K + o_k[None, :]
-    tl.store(w + row_k, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    tl.store(qg + row_k, (b_q * b_eg * scale).to(qg.dtype.element_ty), mask=m_t[:, None])
-    tl.store(kt + row_k, b_kt.to(kt.dtype.element_ty), mask=m_t[:, None])
     tl.store(u + (i_hv * T_total + rows)[:, None] * V + o_v[None, :], b_u.to(u.dtype.element_ty),
              mask=m_t[:, None])
-    tl.store(gl + (i_c * HV + i_hv) * K + o_k, tl.exp(g_last))

@@ -15,15 +15,7 @@ itself stays fp32 from the initial state to the final state.
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _mm(a, b, INTERPRET: tl.constexpr):
-    """a · b with fp32 accumulation. Triton's CPU interpreter mis-multiplies bf16 operands, so there the
-    (exactly representable) operands are widened to fp32 first: the same products, the same sums."""
-    if INTERPRET:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b)
+from .matmul import _mm
 
 
 @triton.jit
@@ -33,7 +25,7 @@ def _chunk_recurrence_kernel(
     cu_seqlens, chunk_offsets,
     T, T_total,
     s_state_k, s_state_v,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    HV, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_v = tl.program_id(0)

@@ -1,0 +1,66 @@
+"""GPU-only checks (skipped without CUDA): graph capture, the six benchmark shapes, the full validation suite."""
+
+import pytest
+import torch
+
+import fastkda
+from fastkda.validation import quick_check, run_suite
+
+from conftest import HAS_CUDA
+
+pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+
+MIXED = [1300, 547, 2048, 963, 271, 3063]
+BENCHMARK_SHAPES = [(H, lens) for H in (96, 64) for lens in ([8192], MIXED, [1024] * 8)]
+
+
+def _inputs(lens, H=4, D=128, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    x = [torch.randn(1, T, H, D, generator=gen).to(torch.bfloat16).cuda() for _ in range(4)]
+    beta = torch.randn(1, T, H, generator=gen).to(torch.bfloat16).cuda()
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    h0 = (0.1 * torch.randn(len(lens), H, D, D, generator=gen)).cuda()
+    return x, beta, cu, h0
+
+
+def test_cuda_graph_capture_and_replay_on_new_inputs():
+    H, D = 4, 128
+    (q, k, v, g), beta, cu, h0 = _inputs([100, 0, 333, 64], H=H)
+    A_log, dt_bias = torch.rand(H).cuda(), torch.rand(H, D).cuda()
+    out, ht = torch.empty_like(v), torch.empty_like(h0)
+
+    def call():
+        fastkda.fwd(q, k, v, g, beta, D ** -0.5, out, A_log, dt_bias, -5.0, h0, ht, cu)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    # new values, same shapes (new sequence boundaries too): the replay must follow them
+    (q2, k2, v2, g2), beta2, cu2, h02 = _inputs([7, 250, 0, 240], H=H, seed=1)
+    for dst, src in ((q, q2), (k, k2), (v, v2), (g, g2), (beta, beta2), (cu, cu2), (h0, h02)):
+        dst.copy_(src)
+    out.fill_(float("nan"))
+    ht.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    out_eager, ht_eager = torch.empty_like(out), torch.empty_like(ht)
+    fastkda.fwd(q2, k2, v2, g2, beta2, D ** -0.5, out_eager, A_log, dt_bias, -5.0, h02, ht_eager, cu2)
+    assert torch.equal(out, out_eager) and torch.equal(ht, ht_eager)
+
+
+@pytest.mark.parametrize("H,lens", BENCHMARK_SHAPES, ids=[f"H{H}-{len(l)}seq" for H, l in BENCHMARK_SHAPES])
+def test_quick_check_on_the_six_benchmark_shapes(H, lens):
+    result = quick_check(fastkda.fwd, seq_lens=lens, H=H, device="cuda")
+    assert result.passed, result.message
+
+
+def test_full_validation_suite_passes_every_tier():
+    report = run_suite(fastkda.fwd, tiers="all", device="cuda", size="full")
+    print(report.table())
+    assert report.passed, "\n".join(r.message for r in report.results if not r.passed)
