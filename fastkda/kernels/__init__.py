@@ -4,16 +4,16 @@
     stage 1                _chunk_prepare_kernel      per (chunk, value head): w, u, qg, kt, aqk, gl
     stage 2                _chunk_recurrence_kernel   per (value block, sequence, value head): out, state
 
-Launch settings are fixed by rule from the shape (no autotuning): chunks of BT = 64 tokens, row blocks of
-BC = 16 inside stage 1, value blocks of BV = 64 columns in stage 2, 4 warps. Arguments are assumed checked
-(fastkda.checks); this module only allocates the stage-1 tensors and launches.
+Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
+columns in stage 2, 4 warps, three pipeline stages for stage 2's loads (one for fp32 stage tensors, whose
+tiles would not fit shared memory three deep). Why these values: docs/perf-notes.md (measured on an H200).
+Arguments are assumed checked (fastkda.checks); this module only allocates the stage-1 tensors and launches.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
-
 import os
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -22,10 +22,9 @@ import triton.language as tl
 from .chunk_prepare import _chunk_offsets_kernel, _chunk_prepare_kernel
 from .chunk_recurrence import _chunk_recurrence_kernel
 
-CHUNK_SIZE = int(os.environ.get('FASTKDA_BT', 64))      # BT: tokens per chunk
+CHUNK_SIZE = 32      # BT: tokens per chunk (a power of two, 16 or 32: chunk_prepare.py gives the bound)
 VALUE_BLOCK = 64     # BV: state columns per stage-2 program
 NUM_WARPS = 4
-PREPARE_WARPS = 8
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -89,7 +88,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
             HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
             DOT_PRECISION="ieee" if _interpreting() else "tf32",
             MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=_interpreting(),
-            num_warps=int(os.environ.get('FASTKDA_PREPARE_WARPS', PREPARE_WARPS)), num_stages=1,
+            num_warps=NUM_WARPS, num_stages=1,
         )
     return st
 
@@ -100,7 +99,7 @@ def run_recurrence(st: Stage1, *, out, initial_state, final_state, cu_seqlens, s
     K = st.w.shape[-1]
     if st.N == 0:
         return
-    BV = min(int(os.environ.get('FASTKDA_BV', VALUE_BLOCK)), V)
+    BV = min(VALUE_BLOCK, V)
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
     _chunk_recurrence_kernel[(V // BV, st.N * HV)](
         st.w, st.u, st.qg, st.kt, st.aqk, st.gl,
@@ -111,7 +110,7 @@ def run_recurrence(st: Stage1, *, out, initial_state, final_state, cu_seqlens, s
         HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
         IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
         INTERPRET=_interpreting(),
-        num_warps=int(os.environ.get('FASTKDA_REC_WARPS', NUM_WARPS)), num_stages=int(os.environ.get('FASTKDA_REC_STAGES', 3 if st.w.dtype == torch.bfloat16 else 1)),
+        num_warps=NUM_WARPS, num_stages=3 if st.w.dtype == torch.bfloat16 else 1,
     )
 
 

@@ -1,6 +1,6 @@
-"""Stage 1, chunk-parallel: everything of a 64-token chunk that does not depend on the carried state.
+"""Stage 1, chunk-parallel: everything of a chunk of BT tokens that does not depend on the carried state.
 
-One program per (chunk of BT = 64 tokens, value head). With q̂, k̂ the l2-normalised q, k, a the per-channel
+One program per (chunk of BT tokens, value head). With q̂, k̂ the l2-normalised q, k, a the per-channel
 log-decay (the fused gate) and β the beta sigmoid, G = the within-chunk cumulative sum of a, it computes
 
     L    = strict_tril(diag(β) · [k̂_i·(k̂_j ⊙ e^{G_i − G_j})]_ij)        (the WY / UT system)
@@ -16,11 +16,10 @@ so that the recurrence stage only has to do, per chunk, U = U0 − W·S, O = Qg�
 S = diag(gl)·S + Ktᵀ·U.
 
 Numerics. e^{G_i − G_j} is formed as a product e^{G_i − r}·e^{r − G_j}, which needs both factors inside the
-fp32 (and bf16) exponent range, |G − r| < 88. With every per-step log-decay ≥ −5, G spans at most 5·32 = 160
-over a half chunk of 32 tokens, so a reference r in the middle of each half (the cumulative decay at its
-16th token) keeps both factors within e^{±80}: one product covers all pairs inside a half. Pairs across the
-halves use the boundary r = G_31, where both factors are ≤ 1. Pairs j > i (masked out) may overflow; they
-are discarded by selection, never multiplied.
+fp32 (and bf16) exponent range, |G − r| < 88. With every per-step log-decay ≥ −5, G spans at most 5·BT, so
+a reference r at the chunk's middle token keeps both factors within e^{±80} for BT ≤ 32: one matrix product
+gives all pairs. (BT = 64 would need a reference per half plus a product for the pairs across halves.)
+Pairs j > i may overflow to inf/NaN; they are discarded by selection (tl.where), never used.
 T is built by block doubling: if T_b inverts I + L restricted to diagonal blocks of size b, the blocks of
 size 2b are inverted by T_2b = T_b − T_b·C_b·T_b, C_b the part of L linking the two halves of each 2b block.
 That is exact algebra (no series), in tf32 products; T_1 = I.
@@ -123,25 +122,13 @@ def _chunk_prepare_kernel(
         b_beta = tl.sigmoid(b_beta)
     b_beta = tl.where(m_t, b_beta, 0.0)
 
-    # Reference points: the 16th token of each half, and the last token of the first half.
-    HALF: tl.constexpr = BT // 2
-    upper = o_t >= HALF
-    r_lo = tl.sum(tl.where((o_t == HALF // 2 - 1)[:, None], b_G, 0.0), 0)
-    r_hi = tl.sum(tl.where((o_t == HALF + HALF // 2 - 1)[:, None], b_G, 0.0), 0)
-    r_mid = tl.sum(tl.where((o_t == HALF - 1)[:, None], b_G, 0.0), 0)
-    d_own = b_G - tl.where(upper[:, None], r_hi[None, :], r_lo[None, :])          # |d_own| <= 80
-    d_mid = b_G - r_mid[None, :]
-    e_pos = tl.exp(d_own)
-    e_neg = tl.exp(-d_own)
-    x_pos = tl.exp(tl.where(upper[:, None], d_mid, 0.0))                        # rows of the upper half, <= 1
-    x_neg = tl.exp(tl.where(upper[:, None], 0.0, -d_mid))                       # rows of the lower half, <= 1
-    k_neg = (b_k * e_neg).to(MM_DTYPE)
-    k_xneg = tl.where(upper[:, None], 0.0, b_k * x_neg).to(MM_DTYPE)
-    same_half = upper[:, None] == upper[None, :]
+    # One reference point, the cumulative decay at the chunk's middle token: |G − r| <= 5 · BT / 2.
+    r_mid = tl.sum(tl.where((o_t == BT // 2 - 1)[:, None], b_G, 0.0), 0)
+    e_pos = tl.exp(b_G - r_mid[None, :])
+    k_neg = (b_k / e_pos).to(MM_DTYPE)                                           # k̂_j e^{r − G_j}
 
     # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})), stored now.
-    b_aqk = tl.where(same_half, _mm((b_q * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET), 0.0)
-    b_aqk += _mm(tl.where(upper[:, None], b_q * x_pos, 0.0).to(MM_DTYPE), tl.trans(k_xneg), INTERPRET)
+    b_aqk = _mm((b_q * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
     b_aqk = tl.where(o_t[None, :] <= o_t[:, None], b_aqk * scale, 0.0)
     tl.store(aqk + (i_hv * T_total + rows)[:, None] * BT + o_t[None, :], b_aqk.to(aqk.dtype.element_ty),
              mask=m_t[:, None])
@@ -150,8 +137,7 @@ def _chunk_prepare_kernel(
     tl.store(qg + row_k, (b_q * b_eg * scale).to(qg.dtype.element_ty), mask=m_t[:, None])
 
     # L = strict_tril(diag(β) · k̂_i·(k̂_j ⊙ e^{G_i − G_j})).
-    b_L = tl.where(same_half, _mm((b_k * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET), 0.0)
-    b_L += _mm(tl.where(upper[:, None], b_k * x_pos, 0.0).to(MM_DTYPE), tl.trans(k_xneg), INTERPRET)
+    b_L = _mm((b_k * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
     b_L = tl.where(o_t[None, :] < o_t[:, None], b_L * b_beta[:, None], 0.0)
 
     # T = (I + L)^-1 by block doubling: T_1 = I, T_2b = T_b − T_b·C_b·T_b.
