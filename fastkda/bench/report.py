@@ -110,9 +110,10 @@ def _run(cmd: List[str], cwd: Optional[str] = None) -> Optional[str]:
 
 
 def git_commit() -> str:
-    """``git rev-parse HEAD`` of the checkout fastkda is imported from ("unknown" without git)."""
+    """``git rev-parse HEAD`` of the checkout fastkda is imported from; where the code travelled without its
+    git folder (a copied working tree), ``FASTKDA_GIT_COMMIT`` names it; else "unknown"."""
     here = str(Path(__file__).resolve().parent)
-    return _run(["git", "rev-parse", "HEAD"], cwd=here) or "unknown"
+    return _run(["git", "rev-parse", "HEAD"], cwd=here) or os.environ.get("FASTKDA_GIT_COMMIT", "unknown")
 
 
 def git_dirty() -> Optional[bool]:
