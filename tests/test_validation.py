@@ -104,16 +104,20 @@ def test_finiteness_and_rms():
     assert metrics.rms(None) == 0.0
 
 
-def test_thresholds_are_capped_and_only_slow_decay_cases_relax_them():
+def test_thresholds_are_capped_and_only_stress_cases_relax_them():
     with pytest.raises(ValueError):
         Thresholds(out=2e-2)
-    assert DEFAULT.out == DEFAULT.state == 5e-3 and DEFAULT.token == 5e-2
+    assert DEFAULT.out == DEFAULT.state == 5e-3 and DEFAULT.token == 5e-2 and not DEFAULT.token_own_norm
     assert SLOW_DECAY.out <= metrics.MAX_THRESHOLD and SLOW_DECAY.state <= metrics.MAX_THRESHOLD
+    outlier = metrics.OUTLIER_TOKENS
+    assert (outlier.out, outlier.state, outlier.token) == (DEFAULT.out, DEFAULT.state, DEFAULT.token)
     for size in cases.SIZES:
         for tier in cases.TIERS:
             for case in cases.tier_cases(tier, size):
                 if tier in ("quick", "random", "varlen", "model"):
                     assert case.thresholds == DEFAULT, case.name
+                elif case.thresholds == outlier:
+                    assert case.name in ("beta_logits_minus_30", "v_times_1e-3", "initial_state_1e3"), case.name
                 elif case.thresholds != DEFAULT:
                     assert case.thresholds == SLOW_DECAY, case.name
                     assert tier == "long" or "slow_decay" in case.name or "-0.01" in case.name, case.name
@@ -370,3 +374,18 @@ def test_cli_as_module_subprocess():
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL" in proc.stdout and "--seed 3" in proc.stdout
+
+
+def test_token_error_against_own_norm_still_catches_a_wrong_large_token():
+    from fastkda.validation.metrics import token_error
+    ref = torch.ones(1, 100, 1, 4, dtype=torch.float64)
+    ref[0, 0] *= 20.0                                   # one token 20x the others, like an initial-state echo
+    out = ref.clone()
+    out[0, 0] *= 1.03                                   # 3% off on the big token: quantisation-sized
+    assert token_error(out, ref) > 5e-2                 # RMS yardstick: fails
+    assert token_error(out, ref, own_norm=True) < 5e-2  # own-norm yardstick: passes
+    out[0, 0] = ref[0, 0] * 1.10                        # 10% off: wrong, whatever the yardstick
+    assert token_error(out, ref, own_norm=True) > 5e-2
+    out = ref.clone()
+    out[0, 5] *= 1.10                                   # a small token 10% off is judged as before
+    assert token_error(out, ref, own_norm=True) == pytest.approx(token_error(out, ref))

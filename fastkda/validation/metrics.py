@@ -40,7 +40,14 @@ and they grow with the memory length. 1e-2 is about 2x fla's measured error on t
 project allows (never above 1e-2). It is still 10x to 100x below what the window-keeping cheats score on
 the long tier (the long tier checks this margin every run).
 
-The per-token threshold is 5e-2 everywhere.
+The per-token threshold is 5e-2 everywhere. Its yardstick is the RMS token norm, except for
+``OUTLIER_TOKENS``: extreme cases whose first outputs are dominated by the initial state and dwarf the
+rest (beta logits -30: nothing is written; v x 1e-3; initial state x 1e3). There the first token's norm is
+22x the RMS token norm, and rounding the *exact* float64 output to bf16 already gives a per-token error of
+3.6e-2 to 4.0e-2 of the RMS (measured on the CPU, 2026-11-30; 3.7e-3 on an ordinary case): the criterion
+would measure the output dtype's quantisation of one token, not correctness. For these cases a token is
+judged against the larger of the RMS token norm and its own norm: ``||o_t - ref_t|| <= 5e-2 * max(RMS,
+||ref_t||)``. A token that is itself wrong by more than 5% still fails; relative L2 stays at 5e-3.
 
 Near-zero references: the floor
 -------------------------------
@@ -94,11 +101,15 @@ FLOOR_FRACTION = 1e-6
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Bounds one case is judged against, with the reason they are what they are."""
+    """Bounds one case is judged against, with the reason they are what they are.
+
+    ``token_own_norm``: judge each token against max(RMS token norm, its own norm) (see module docstring).
+    """
 
     out: float = REL_L2_THRESHOLD
     state: float = REL_L2_THRESHOLD
     token: float = TOKEN_THRESHOLD
+    token_own_norm: bool = False
     reason: str = "project bar: rel L2 5e-3 (fla measures <= 4.3e-3 on every standard and stress case but slow decay)"
 
     def __post_init__(self):
@@ -117,6 +128,12 @@ SLOW_DECAY = Thresholds(
     state=SLOW_DECAY_REL_L2_THRESHOLD,
     reason="slow decay (memory longer than the sequence): fla measures 5.2e-3 / 4.5e-3 and FlashKDA "
            "7.8e-3 / 7.4e-3 on g=-50 over 2000 tokens; bound ~2x fla, capped at 1e-2",
+)
+
+OUTLIER_TOKENS = Thresholds(
+    token_own_norm=True,
+    reason="first outputs dominated by the initial state, 22x the RMS token norm: bf16 rounding of the exact "
+           "output alone gives 3.6e-2..4.0e-2 per-token error; tokens judged against max(RMS, own norm)",
 )
 
 # --------------------------------------------------------------------------------------------------------
@@ -166,8 +183,9 @@ def relative_l2(x: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> float
     return err / denom if denom > 0 else math.inf
 
 
-def token_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> float:
-    """Per-token error of an output ``[B, T, HV, V]``: ``max_t ||o_t - ref_t|| / max(RMS_t ||ref_t||, floor)``.
+def token_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 0.0, own_norm: bool = False) -> float:
+    """Per-token error of an output ``[B, T, HV, V]``: ``max_t ||o_t - ref_t|| / max(RMS_t ||ref_t||, floor)``
+    (with ``own_norm``, the denominator of token t is ``max(RMS, ||ref_t||, floor)``).
 
     A token's vector is all its heads (``HV * V`` values); tokens of every batch row and packed sequence
     count alike. ``floor`` is the absolute floor for one token's norm. Non-finite ``out`` gives ``inf``; no
@@ -182,11 +200,14 @@ def token_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> flo
         return 0.0
     diff = (_f64(out) - _f64(ref)).reshape(rows, -1)
     ref_norms = torch.linalg.vector_norm(_f64(ref).reshape(rows, -1), dim=1)
-    worst = float(torch.linalg.vector_norm(diff, dim=1).max())
+    errors = torch.linalg.vector_norm(diff, dim=1)
     typical = max(float(ref_norms.square().mean().sqrt()), floor)
-    if worst == 0.0:
+    if float(errors.max()) == 0.0:
         return 0.0
-    return worst / typical if typical > 0 else math.inf
+    if typical <= 0:
+        return math.inf
+    scale = ref_norms.clamp_min(typical) if own_norm else torch.full_like(ref_norms, typical)
+    return float((errors / scale).max())
 
 
 def worst_token(out: torch.Tensor, ref: torch.Tensor) -> int:

@@ -330,7 +330,7 @@ def run_case(impl: Impl, case: Case, *, device: Union[str, torch.device] = "cpu"
     token_floor = metrics.magnitude_floor(scale_in * x.scale, ref_out[0, 0].numel() if ref_out.numel() else 0)
     out_err = metrics.relative_l2(out_c, ref_out, out_floor)
     state_err = metrics.relative_l2(state_c, ref_state, state_floor)
-    token_err = metrics.token_error(out_c, ref_out, token_floor)
+    token_err = metrics.token_error(out_c, ref_out, token_floor, own_norm=thr.token_own_norm)
     if out_err > thr.out:
         problems.append(("out", f"out rel L2 {_fmt(out_err)} > {thr.out:.0e}"))
     if state_err > thr.state:
