@@ -84,11 +84,11 @@ def test_fixed_length_bf16_head_dim_128():
 
 
 def test_varlen_edges_and_empty_sequences():
-    lens = [0, 1, 63, 0, 64, 65, 0]
+    lens = [0, 1, 31, 0, 32, 33, 65, 0]
     x, p, shape = make(lens, dtype=torch.float32, seed=2)
     out, fs = check(x, p, shape, FP32_TOL)
     # an empty sequence's final state is its initial state, exactly
-    for n in (0, 3, 6):
+    for n in (0, 3, 7):
         assert torch.equal(fs[n], p["initial_state"][n])
 
 
@@ -101,6 +101,12 @@ def test_varlen_int64_offsets_gva_and_mixed_head_dims():
 def test_state_layout_k_first_and_no_initial_state():
     x, p, shape = make(T=40, K=64, V=128, dtype=torch.float32, state_v_first=False, with_h0=False, seed=4)
     check(x, p, shape, FP32_TOL, state_v_first=False)
+
+
+def test_fp16_inputs_write_fp16_outputs():
+    x, p, shape = make([20, 45], dtype=torch.float16, seed=11)
+    out, _ = check(x, p, shape, BF16_TOL)
+    assert out.dtype == torch.float16
 
 
 def test_bf16_states_in_and_out():

@@ -20,7 +20,6 @@ allocation is part of fla's cost; its ``fwd`` wrapper copies fla's results into 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Callable, ContextManager, List, Optional, Sequence
 
 import torch
 
+from ..validation.suite import fla_fwd, resolve_impl
 from .tasks import TaskInputs
 
 FwdFn = Callable[..., None]
@@ -131,23 +131,14 @@ def fla_impl() -> Impl:
                          lower_bound=lower_bound, state_v_first=True, cu_seqlens=cu_seqlens_long,
                          A_log=A_log, dt_bias=dt_bias)
 
-    def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
-            cu_seqlens=None):
-        cu = None if cu_seqlens is None else cu_seqlens.to(torch.int64)
-        with torch.inference_mode():
-            o, s = fla_call(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state,
-                            final_state is not None, cu)
-            out.copy_(o)
-            if final_state is not None:
-                final_state.copy_(s)
-
     def bind(x: TaskInputs):
         def call():
             return fla_call(x.q, x.k, x.v, x.g, x.beta, x.scale, x.A_log, x.dt_bias, x.lower_bound,
                             x.initial_state, True, x.cu_seqlens_long)
         return call
 
-    return Impl(name="fla", fwd=fwd, bind=bind, context=torch.inference_mode,
+    # validation goes through the suite's fwd-signature wrapper; timing calls chunk_kda itself (bind)
+    return Impl(name="fla", fwd=fla_fwd, bind=bind, context=torch.inference_mode,
                 version=_version(fla, "fla-core", "flash-linear-attention"),
                 source="fla.ops.kda.chunk_kda (FLA_FLASH_KDA=0, inference_mode)")
 
@@ -157,18 +148,8 @@ def custom_impl(spec: str) -> Impl:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"--impl {spec!r}: expected module:function, e.g. mypkg.kda:fwd")
-    try:
-        mod = importlib.import_module(module_name)
-    except Exception as e:
-        raise ValueError(f"--impl {spec!r}: cannot import {module_name}: {type(e).__name__}: {e}") from e
-    fn = mod
-    for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
-            raise ValueError(f"--impl {spec!r}: {module_name} has no attribute {attr}")
-    if not callable(fn):
-        raise ValueError(f"--impl {spec!r}: {attr} is not callable")
-    root = sys.modules.get(module_name.split(".")[0], mod)
+    fn = resolve_impl(spec)
+    root = sys.modules.get(module_name.split(".")[0])
     return Impl(name=spec, fwd=fn, version=_version(root), source=spec)
 
 
