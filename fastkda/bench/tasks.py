@@ -26,6 +26,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..validation.cases import cu_seqlens_from
+
 HEAD_DIM = 128
 LOWER_BOUND = -5.0
 MIXED_SEQ_LENS: Tuple[int, ...] = (1300, 547, 2048, 963, 271, 3063)
@@ -188,14 +190,6 @@ class TaskInputs:
     seed: int
 
 
-def cu_seqlens_of(seq_lens: Sequence[int], dtype=torch.int32, device="cpu") -> torch.Tensor:
-    """[0, l0, l0+l1, ...] as a tensor."""
-    offsets = [0]
-    for n in seq_lens:
-        offsets.append(offsets[-1] + int(n))
-    return torch.tensor(offsets, dtype=dtype, device=device)
-
-
 def make_inputs(task: Task, device, seed: int) -> TaskInputs:
     """Fresh inputs for ``task`` on ``device`` from ``seed`` (the peers' protocol distributions)."""
     device = torch.device(device)
@@ -213,8 +207,8 @@ def make_inputs(task: Task, device, seed: int) -> TaskInputs:
     initial_state = 0.1 * normal(N, H, D, D, dtype=STATE_DTYPE)
     cu32 = cu64 = None
     if not task.fixed:
-        cu32 = cu_seqlens_of(task.seq_lens, torch.int32, device)
-        cu64 = cu_seqlens_of(task.seq_lens, torch.int64, device)
+        cu32 = cu_seqlens_from(task.seq_lens, torch.int32).to(device)
+        cu64 = cu_seqlens_from(task.seq_lens, torch.int64).to(device)
     return TaskInputs(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state,
                       cu_seqlens=cu32, cu_seqlens_long=cu64, scale=task.scale, lower_bound=task.lower_bound,
                       seed=int(seed))
