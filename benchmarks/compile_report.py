@@ -1,0 +1,93 @@
+"""Registers, spills and shared memory of fastkda's kernels for Hopper, compiled on a machine without a GPU.
+
+    python benchmarks/compile_report.py [--warps 4] [--chunk 32] [--head-dim 128]
+
+Triton compiles the kernels for sm_90a without a device; ptxas (from a CUDA toolkit on PATH, or Triton's
+own) then reports what the hardware would run. Stage 1's speed tracks its register count (255 registers
+per thread leave one or two programs per SM: docs/perf-notes.md), so this is the cheapest first check of a
+kernel change -- no device time. When the CUDA toolkit's ptxas is older than the PTX Triton emits, the PTX
+version line is lowered to the toolkit's (the instructions Triton uses for sm_90a are older than both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as triton_compile
+
+from fastkda.kernels.chunk_prepare import _chunk_prepare_kernel
+from fastkda.kernels.chunk_recurrence import _chunk_recurrence_kernel
+
+RUNTIME_TYPES = {
+    "q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
+    "dt_bias": "*fp32", "w": "*bf16", "u": "*bf16", "qg": "*bf16", "kt": "*bf16", "aqk": "*bf16",
+    "gl": "*fp32", "h0": "*fp32", "ht": "*fp32", "o": "*bf16", "cu_seqlens": "*i32", "chunk_offsets": "*i32",
+    "T": "i32", "T_total": "i32", "N": "i32", "H": "i32", "HV": "i32", "search_steps": "i32",
+    "s_state_k": "i32", "s_state_v": "i32", "scale": "fp32", "lower_bound": "fp32",
+}
+
+
+def _ptxas():
+    for candidate in (shutil.which("ptxas"), "/usr/local/cuda/bin/ptxas",
+                      os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    raise SystemExit("no ptxas found: install a CUDA toolkit or put ptxas on PATH")
+
+
+def _ptxas_version_limit(ptxas: str) -> str:
+    out = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
+    major, minor = re.search(r"release (\d+)\.(\d+)", out).groups()
+    # PTX ISA 8.x ships with CUDA 12.x, 9.0 with CUDA 13.0: ISA major = CUDA major - 4, minor as released.
+    return f"{int(major) - 4}.{minor}"
+
+
+def report(kernel, constexprs: dict, num_warps: int, num_stages: int) -> str:
+    names = kernel.arg_names
+    signature = {n: (RUNTIME_TYPES[n] if n not in constexprs else "constexpr") for n in names}
+    src = ASTSource(fn=kernel, signature=signature,
+                    constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=num_warps, num_stages=num_stages))
+    ptxas = _ptxas()
+    ptx = re.sub(r"^\.version \d+\.\d+", f".version {_ptxas_version_limit(ptxas)}", compiled.asm["ptx"],
+                 count=1, flags=re.M)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        run = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True)
+    if run.returncode != 0:
+        return f"ptxas failed: {run.stderr.strip()[-400:]}"
+    lines = [ln.strip() for ln in run.stderr.splitlines() if "registers" in ln or "spill" in ln]
+    return f"shared {compiled.metadata.shared} B; " + "; ".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--chunk", type=int, default=32, help="BT")
+    ap.add_argument("--head-dim", type=int, default=128)
+    args = ap.parse_args()
+    D, BT = args.head_dim, args.chunk
+    common = dict(K=D, V=D, BT=BT, IS_VARLEN=True)
+    stage1 = dict(common, LOG2_BT=BT.bit_length() - 1, USE_L2NORM=True, USE_GATE=True, USE_BETA_SIGMOID=True,
+                  HAS_A_LOG=True, HAS_DT_BIAS=True, DOT_PRECISION="tf32", MM_DTYPE=tl.bfloat16, INTERPRET=False)
+    stage2 = dict(common, BV=64, HAS_H0=True, STORE_HT=True, INTERPRET=False)
+    print(f"stage 1 (BT={BT}, D={D}, {args.warps} warps): "
+          + report(_chunk_prepare_kernel, stage1, args.warps, 1))
+    print(f"stage 2 (BT={BT}, D={D}, {args.warps} warps, 3 stages): "
+          + report(_chunk_recurrence_kernel, stage2, args.warps, 3))
+
+
+if __name__ == "__main__":
+    main()
