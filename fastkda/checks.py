@@ -197,6 +197,21 @@ def check_gate_params(A_log, dt_bias, p: Problem, device: torch.device, *, A_log
         _contiguous("dt_bias", dt_bias)
 
 
+INDEX_LIMIT = 2 ** 31  # the Triton kernels compute element offsets in 32-bit integers
+
+
+def check_index_range(T_total: int, H: int, HV: int, K: int, V: int, N: int, chunk_size: int) -> None:
+    """Reject problems whose tensors have more elements than 32-bit offsets can address."""
+    per_token = max(H, HV) * max(K, V, chunk_size)
+    if T_total * per_token >= INDEX_LIMIT:
+        raise ValueError(f"q: {T_total} tokens x {per_token} values per token exceed the 2^31 elements the "
+                         f"kernels can index; split the batch into calls of fewer than "
+                         f"{(INDEX_LIMIT - 1) // per_token} tokens")
+    if N * HV * K * V >= INDEX_LIMIT:
+        raise ValueError(f"initial_state/final_state: {N} sequences x {HV} heads x {K}x{V} exceed the 2^31 "
+                         f"elements the kernels can index; split the batch")
+
+
 def state_shape(p: Problem, state_v_first: bool) -> tuple:
     return (p.N, p.HV, p.V, p.K) if state_v_first else (p.N, p.HV, p.K, p.V)
 

@@ -154,3 +154,20 @@ def test_final_state_in_place_over_initial_state():
     forward(**x, **{**p, "initial_state": h}, out=out, final_state=h, state_v_first=True, use_qk_l2norm=True,
             use_gate=True, use_beta_sigmoid=True, backend="triton")
     assert torch.equal(out, out_ref) and torch.equal(h, fs_ref)
+
+
+def test_problems_beyond_32_bit_offsets_are_rejected_before_any_launch():
+    # 180K tokens x 96 heads x 128: more elements than the kernels' 32-bit offsets address (meta tensors:
+    # shapes only, nothing allocated)
+    T, H, D = 180_000, 96, 128
+    x = {n: torch.empty(1, T, H, D, dtype=torch.bfloat16, device="meta") for n in ("q", "k", "v", "g")}
+    x["beta"] = torch.empty(1, T, H, dtype=torch.bfloat16, device="meta")
+    out = torch.empty_like(x["v"])
+    with pytest.raises(ValueError, match="2\\^31"):
+        forward(**x, scale=D ** -0.5, out=out, final_state=None, A_log=None, dt_bias=None, lower_bound=-5.0,
+                initial_state=None, cu_seqlens=None, state_v_first=True, use_qk_l2norm=True, use_gate=True,
+                use_beta_sigmoid=True, backend="triton")
+    from fastkda.checks import check_index_range
+    check_index_range(170_000, 96, 96, 128, 128, 1, 32)          # just inside: accepted
+    with pytest.raises(ValueError, match="initial_state"):
+        check_index_range(1000, 96, 96, 128, 128, 1400, 32)       # 1400 states of 96 x 128 x 128

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..checks import check_index_range
 from .chunk_prepare import _chunk_offsets_kernel, _chunk_prepare_kernel
 from .chunk_recurrence import _chunk_recurrence_kernel
 
@@ -59,6 +60,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     BT = CHUNK_SIZE
     device = q.device
     varlen = cu_seqlens is not None
+    check_index_range(T_total, H, HV, K, V, cu_seqlens.numel() - 1 if varlen else B, BT)
     if varlen:
         N = cu_seqlens.numel() - 1
         n_chunks = triton.cdiv(T_total, BT) + N      # upper bound: each sequence adds <= 1 partial chunk
