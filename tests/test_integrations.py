@@ -44,6 +44,11 @@ def test_verifier_declines_what_fastkda_cannot_serve(registered, monkeypatch):
         assert fla_integration.active_backend_for(*args, **kw) == "fastkda"
         assert fla_integration.active_backend_for(*args, **{**kw, "lower_bound": None}) != "fastkda"
         assert fla_integration.active_backend_for(*args, **{**kw, "allow_neg_eigval": True}) != "fastkda"
+        huge = [torch.empty(1, 180_000, 96, 128, dtype=torch.bfloat16, device="meta") for _ in range(4)]
+        huge.append(torch.empty(1, 180_000, 96, dtype=torch.bfloat16, device="meta"))
+        huge_kw = {**kw, "A_log": torch.empty(96, device="meta"), "dt_bias": torch.empty(96 * 128, device="meta"),
+                   "cu_seqlens": None}
+        assert fla_integration.active_backend_for(*huge, **huge_kw) != "fastkda"   # beyond 32-bit offsets
         monkeypatch.setenv("FLA_FASTKDA", "0")
         assert fla_integration.active_backend_for(*args, **kw) != "fastkda"
     monkeypatch.delenv("FLA_FASTKDA")

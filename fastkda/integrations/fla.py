@@ -39,6 +39,8 @@ def _make_backend_class(priority: int):
     from fla.backends import BaseBackend
 
     from .. import api
+    from ..checks import check_index_range
+    from ..kernels import CHUNK_SIZE
 
     class FastKDABackend(BaseBackend):
         """fastkda's Triton forward for fla's chunk_kda (inference only)."""
@@ -61,8 +63,9 @@ def _make_backend_class(priority: int):
             if kwargs.get("use_graph"):
                 return False, "use_graph's padded sentinel sequences are fla's convention"
             try:
-                api.check_chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                    output_final_state=output_final_state, **kwargs)
+                p = api.check_chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                        output_final_state=output_final_state, **kwargs)["problem"]
+                check_index_range(p.B * p.T, p.H, p.HV, p.K, p.V, p.N, CHUNK_SIZE)
             except (ValueError, TypeError, NotImplementedError) as error:
                 return False, str(error)
             return True, None
