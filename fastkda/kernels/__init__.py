@@ -23,7 +23,7 @@ from ..checks import check_index_range
 from .chunk_prepare import _chunk_offsets_kernel, _chunk_prepare_kernel
 from .chunk_recurrence import _chunk_recurrence_kernel
 
-CHUNK_SIZE = 64      # BT: tokens per chunk, two halves of 32 in stage 1 (chunk_prepare.py gives the bound)
+CHUNK_SIZE = 32      # BT: tokens per chunk (a power of two, 16 or 32: chunk_prepare.py gives the bound)
 VALUE_BLOCK = 64     # BV: state columns per stage-2 program
 NUM_WARPS = 4
 

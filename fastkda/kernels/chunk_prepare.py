@@ -67,55 +67,6 @@ def _log_decay(g_rows, A_log, dt_bias, i_hv, o_k, lower_bound,
 
 
 @triton.jit
-def _half_chunk(q, k, g, beta, A_log, dt_bias, rows, m, i_h, i_hv, H, HV, scale, lower_bound,
-                K: tl.constexpr, HB: tl.constexpr, LOG2_HB: tl.constexpr, USE_L2NORM: tl.constexpr,
-                USE_GATE: tl.constexpr, USE_BETA_SIGMOID: tl.constexpr, HAS_A_LOG: tl.constexpr,
-                HAS_DT_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, MM_DTYPE: tl.constexpr,
-                INTERPRET: tl.constexpr):
-    """Quantities of one half chunk (HB rows), its cumulative decay G counted from the half's start:
-    k̂, q̂, G, β, Aqk and T of the half alone."""
-    o_h = tl.arange(0, HB)
-    o_k = tl.arange(0, K)
-    b_k = _load_rows(k, rows * H + i_h, K, o_k, m)
-    b_q = _load_rows(q, rows * H + i_h, K, o_k, m)
-    if USE_L2NORM:
-        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-    b_a = _log_decay(_load_rows(g, rows * HV + i_hv, K, o_k, m), A_log, dt_bias, i_hv, o_k, lower_bound,
-                     USE_GATE, HAS_A_LOG, HAS_DT_BIAS, K)
-    b_G = tl.cumsum(tl.where(m[:, None], b_a, 0.0), 0)
-    b_beta = tl.load(beta + rows * HV + i_hv, mask=m, other=0.0).to(tl.float32)
-    if USE_BETA_SIGMOID:
-        b_beta = tl.sigmoid(b_beta)
-    b_beta = tl.where(m, b_beta, 0.0)
-
-    # One reference point, the cumulative decay at the half's middle token: |G − r| <= 5 · HB / 2.
-    r_mid = tl.sum(tl.where((o_h == HB // 2 - 1)[:, None], b_G, 0.0), 0)
-    e_pos = tl.exp(b_G - r_mid[None, :])
-    k_neg = (b_k / e_pos).to(MM_DTYPE)                                           # k̂_j e^{r − G_j}
-    b_aqk = _mm((b_q * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
-    b_aqk = tl.where(o_h[None, :] <= o_h[:, None], b_aqk * scale, 0.0)
-    b_L = _mm((b_k * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
-    b_L = tl.where(o_h[None, :] < o_h[:, None], b_L * b_beta[:, None], 0.0)
-
-    # T = (I + L)^-1 by block doubling: T_1 = I, T_2b = T_b − T_b·C_b·T_b.
-    b_T = (o_h[:, None] == o_h[None, :]).to(tl.float32)
-    b_T -= tl.where((o_h[:, None] // 2 == o_h[None, :] // 2), b_L, 0.0)              # b = 1 needs no product
-    for lvl in tl.static_range(1, LOG2_HB):                                          # b = 2, 4, ..., HB / 2
-        b_C = tl.where((o_h[:, None] >> (lvl + 1)) == (o_h[None, :] >> (lvl + 1)), b_L, 0.0)
-        b_C = tl.where((o_h[:, None] >> lvl) != (o_h[None, :] >> lvl), b_C, 0.0)
-        b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
-        b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
-    return b_k, b_q, b_G, b_beta, b_aqk, b_T
-
-
-@triton.jit
-def _row(x, o, i):
-    """Row i of the tile x (rows indexed by o)."""
-    return tl.sum(tl.where((o == i)[:, None], x, 0.0), 0)
-
-
-@triton.jit
 def _chunk_prepare_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     w, u, qg, kt, aqk, gl,
@@ -151,68 +102,60 @@ def _chunk_prepare_kernel(
         eos = bos + T
         t0 = bos + (i_c % NT) * BT
 
-    HB: tl.constexpr = BT // 2
-    o_h = tl.arange(0, HB)
+    o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     o_v = tl.arange(0, V)
+    rows = t0 + o_t
+    m_t = rows < eos
 
-    # First half (rows 0..HB-1): its G is the chunk's G; outputs final except Kt (needs the chunk's end).
-    rows_a = t0 + o_h
-    m_a = rows_a < eos
-    k_a, q_a, G_a, beta_a, aqk_aa, T_a = _half_chunk(
-        q, k, g, beta, A_log, dt_bias, rows_a, m_a, i_h, i_hv, H, HV, scale, lower_bound, K, HB, LOG2_BT - 1,
-        USE_L2NORM, USE_GATE, USE_BETA_SIGMOID, HAS_A_LOG, HAS_DT_BIAS, DOT_PRECISION, MM_DTYPE, INTERPRET)
-    g_end_a = _row(G_a, o_h, HB - 1)
-    eg_a = tl.exp(G_a)
-    hr_a = i_hv * T_total + rows_a
-    p_k_a = hr_a[:, None] * K + o_k[None, :]
-    p_v_a = hr_a[:, None] * V + o_v[None, :]
-    p_aqk_a = hr_a[:, None] * BT + o_h[None, :]
-    tl.store(aqk + p_aqk_a, aqk_aa.to(aqk.dtype.element_ty), mask=m_a[:, None])
-    tl.store(aqk + p_aqk_a + HB, tl.zeros([HB, HB], dtype=aqk.dtype.element_ty), mask=m_a[:, None])
-    tl.store(qg + p_k_a, (q_a * eg_a * scale).to(qg.dtype.element_ty), mask=m_a[:, None])
-    w_a = tl.dot(T_a, k_a * eg_a * beta_a[:, None], input_precision=DOT_PRECISION)
-    tl.store(w + p_k_a, w_a.to(w.dtype.element_ty), mask=m_a[:, None])
-    u_a = tl.dot(T_a, _load_rows(v, rows_a * HV + i_hv, V, o_v, m_a) * beta_a[:, None],
-                 input_precision=DOT_PRECISION)
-    tl.store(u + p_v_a, u_a.to(u.dtype.element_ty), mask=m_a[:, None])
-    # k̂_j e^{G_end_a − G_j} (<= 1): the first half's keys as the second half sees them, and its Kt up to
-    # the factor e^{G_end_b} the second half supplies. Kept in kt; read back below.
-    tl.store(kt + p_k_a, (k_a * tl.exp(g_end_a[None, :] - G_a)).to(kt.dtype.element_ty), mask=m_a[:, None])
-    tl.debug_barrier()
+    # Whole-chunk tiles: k̂, q̂ and the cumulative log-decay G (padding rows: k̂ = q̂ = 0, a = 0).
+    b_k = _load_rows(k, rows * H + i_h, K, o_k, m_t)
+    b_q = _load_rows(q, rows * H + i_h, K, o_k, m_t)
+    if USE_L2NORM:
+        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+    b_a = _log_decay(_load_rows(g, rows * HV + i_hv, K, o_k, m_t), A_log, dt_bias, i_hv, o_k, lower_bound,
+                     USE_GATE, HAS_A_LOG, HAS_DT_BIAS, K)
+    b_G = tl.cumsum(tl.where(m_t[:, None], b_a, 0.0), 0)
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+    if USE_BETA_SIGMOID:
+        b_beta = tl.sigmoid(b_beta)
+    b_beta = tl.where(m_t, b_beta, 0.0)
 
-    # Second half (rows HB..BT-1), G counted from its start; coupled to the first half by
-    # L_ba, Aqk_ba and T_ba = −T_b·L_ba·T_a, so that W_b = T_b·(β k̂ e^{G})_b·e^{G_end_a} − T_b·L_ba·W_a
-    # (and likewise U0_b).
-    rows_b = t0 + HB + o_h
-    m_b = rows_b < eos
-    k_b, q_b, G_b, beta_b, aqk_bb, T_b = _half_chunk(
-        q, k, g, beta, A_log, dt_bias, rows_b, m_b, i_h, i_hv, H, HV, scale, lower_bound, K, HB, LOG2_BT - 1,
-        USE_L2NORM, USE_GATE, USE_BETA_SIGMOID, HAS_A_LOG, HAS_DT_BIAS, DOT_PRECISION, MM_DTYPE, INTERPRET)
-    g_end_b = _row(G_b, o_h, HB - 1)
-    eg_b = tl.exp(G_b)
-    ka_end = tl.load(kt + p_k_a, mask=m_a[:, None], other=0.0)
-    L_ba = _mm((k_b * eg_b).to(MM_DTYPE), tl.trans(ka_end.to(MM_DTYPE)), INTERPRET) * beta_b[:, None]
-    aqk_ba = _mm((q_b * eg_b).to(MM_DTYPE), tl.trans(ka_end.to(MM_DTYPE)), INTERPRET) * scale
-    M_b = tl.dot(T_b, L_ba, input_precision=DOT_PRECISION)
-    hr_b = i_hv * T_total + rows_b
-    p_k_b = hr_b[:, None] * K + o_k[None, :]
-    p_v_b = hr_b[:, None] * V + o_v[None, :]
-    p_aqk_b = hr_b[:, None] * BT + o_h[None, :]
-    tl.store(aqk + p_aqk_b, aqk_ba.to(aqk.dtype.element_ty), mask=m_b[:, None])
-    tl.store(aqk + p_aqk_b + HB, aqk_bb.to(aqk.dtype.element_ty), mask=m_b[:, None])
-    tl.store(qg + p_k_b, (q_b * eg_b * tl.exp(g_end_a)[None, :] * scale).to(qg.dtype.element_ty),
-             mask=m_b[:, None])
-    w_b = tl.dot(T_b, k_b * eg_b * beta_b[:, None], input_precision=DOT_PRECISION) * tl.exp(g_end_a)[None, :]
-    w_b -= tl.dot(M_b, tl.load(w + p_k_a, mask=m_a[:, None], other=0.0).to(tl.float32),
-                  input_precision=DOT_PRECISION)
-    tl.store(w + p_k_b, w_b.to(w.dtype.element_ty), mask=m_b[:, None])
-    u_b = tl.dot(T_b, _load_rows(v, rows_b * HV + i_hv, V, o_v, m_b) * beta_b[:, None],
-                 input_precision=DOT_PRECISION)
-    u_b -= tl.dot(M_b, tl.load(u + p_v_a, mask=m_a[:, None], other=0.0).to(tl.float32),
-                  input_precision=DOT_PRECISION)
-    tl.store(u + p_v_b, u_b.to(u.dtype.element_ty), mask=m_b[:, None])
-    tl.store(kt + p_k_b, (k_b * tl.exp(g_end_b[None, :] - G_b)).to(kt.dtype.element_ty), mask=m_b[:, None])
-    tl.store(kt + p_k_a, (ka_end.to(tl.float32) * tl.exp(g_end_b)[None, :]).to(kt.dtype.element_ty),
-             mask=m_a[:, None])
-    tl.store(gl + (i_c * HV + i_hv) * K + o_k, tl.exp(g_end_a + g_end_b))
+    # One reference point, the cumulative decay at the chunk's middle token: |G − r| <= 5 · BT / 2.
+    r_mid = tl.sum(tl.where((o_t == BT // 2 - 1)[:, None], b_G, 0.0), 0)
+    e_pos = tl.exp(b_G - r_mid[None, :])
+    k_neg = (b_k / e_pos).to(MM_DTYPE)                                           # k̂_j e^{r − G_j}
+
+    # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})), stored now.
+    b_aqk = _mm((b_q * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
+    b_aqk = tl.where(o_t[None, :] <= o_t[:, None], b_aqk * scale, 0.0)
+    tl.store(aqk + (i_hv * T_total + rows)[:, None] * BT + o_t[None, :], b_aqk.to(aqk.dtype.element_ty),
+             mask=m_t[:, None])
+    row_k = (i_hv * T_total + rows)[:, None] * K + o_k[None, :]
+    b_eg = tl.exp(b_G)
+    tl.store(qg + row_k, (b_q * b_eg * scale).to(qg.dtype.element_ty), mask=m_t[:, None])
+
+    # L = strict_tril(diag(β) · k̂_i·(k̂_j ⊙ e^{G_i − G_j})).
+    b_L = _mm((b_k * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
+    b_L = tl.where(o_t[None, :] < o_t[:, None], b_L * b_beta[:, None], 0.0)
+
+    # T = (I + L)^-1 by block doubling: T_1 = I, T_2b = T_b − T_b·C_b·T_b.
+    b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32)
+    b_T -= tl.where((o_t[:, None] // 2 == o_t[None, :] // 2), b_L, 0.0)              # b = 1 needs no product
+    for lvl in tl.static_range(1, LOG2_BT):                                          # b = 2, 4, ..., BT / 2
+        b_C = tl.where((o_t[:, None] >> (lvl + 1)) == (o_t[None, :] >> (lvl + 1)), b_L, 0.0)
+        b_C = tl.where((o_t[:, None] >> lvl) != (o_t[None, :] >> lvl), b_C, 0.0)
+        b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
+        b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
+
+    # Per-token outputs of the chunk, each stored as soon as it is formed (fewer live registers).
+    g_last = tl.sum(tl.where((o_t == BT - 1)[:, None], b_G, 0.0), 0)            # G at the chunk's last row
+    tl.store(kt + row_k, (b_k * tl.exp(g_last[None, :] - b_G)).to(kt.dtype.element_ty), mask=m_t[:, None])
+    tl.store(gl + (i_c * HV + i_hv) * K + o_k, tl.exp(g_last))
+    b_w = tl.dot(b_T, b_k * b_eg * b_beta[:, None], input_precision=DOT_PRECISION)
+    tl.store(w + row_k, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
+    b_v = _load_rows(v, rows * HV + i_hv, V, o_v, m_t)
+    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
+    tl.store(u + (i_hv * T_total + rows)[:, None] * V + o_v[None, :], b_u.to(u.dtype.element_ty),
+             mask=m_t[:, None])
