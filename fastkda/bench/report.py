@@ -320,22 +320,22 @@ def _cell(r: Optional[ImplResult], floor: float) -> str:
     return {"invalid": "INVALID", "error": "ERROR", "unavailable": "n/a"}.get(r.status, r.status)
 
 
-def _x(v: Optional[float], n: Optional[int] = None, total: Optional[int] = None) -> str:
+def _num(v: Optional[float], fmt: str, n: Optional[int] = None, total: Optional[int] = None) -> str:
+    """``v`` in ``fmt``, with "(n/total)" when only n of total tasks contributed; "-" for None."""
     if v is None:
         return "-"
-    s = f"{v:.2f}x"
+    s = fmt.format(v)
     if n is not None and total is not None and n != total:
         s += f" ({n}/{total})"
     return s
+
+
+def _x(v: Optional[float], n: Optional[int] = None, total: Optional[int] = None) -> str:
+    return _num(v, "{:.2f}x", n, total)
 
 
 def _ms(v: Optional[float], n: Optional[int] = None, total: Optional[int] = None) -> str:
-    if v is None:
-        return "-"
-    s = f"{v:.3f}"
-    if n is not None and total is not None and n != total:
-        s += f" ({n}/{total})"
-    return s
+    return _num(v, "{:.3f}", n, total)
 
 
 def _gm_cell(i: dict, total: int) -> str:
