@@ -15,10 +15,13 @@ log-decay (the fused gate) and β the beta sigmoid, G = the within-chunk cumulat
 so that the recurrence stage only has to do, per chunk, U = U0 − W·S, O = Qg·S + Aqk·U and
 S = diag(gl)·S + Ktᵀ·U.
 
-Numerics. e^{G_i − G_j} is formed as a product e^{G_i − r}·e^{r − G_j}, which needs both factors inside the
-fp32 (and bf16) exponent range, |G − r| < 88. With every per-step log-decay ≥ −5, G spans at most 5·BT, so
-a reference r at the chunk's middle token keeps both factors within e^{±80} for BT ≤ 32: one matrix product
-gives all pairs. (BT = 64 would need a reference per half plus a product for the pairs across halves.)
+Numerics. G is accumulated in base 2 (log2(e)·a), so each exponential is one ex2 instruction (fastmath.py).
+e^{G_i − G_j} is formed as a product e^{G_i − r}·e^{r − G_j}, which needs both factors inside the fp32 (and
+bf16) exponent range, |G − r| < 126 in base 2. With every per-step log-decay ≥ −5, G spans at most 5·BT, so a
+reference r at the chunk's middle token keeps both factors within 2^{±116} (e^{±80}) for BT ≤ 32: one matrix
+product gives all pairs. (BT = 64 would need a reference per half plus a product for the pairs across
+halves.) Only two exponentials per element are taken, e^{G − r} and e^{r − G}; e^G, e^{G_last − G} are
+those times per-channel factors.
 Pairs j > i may overflow to inf/NaN; they are discarded by selection (tl.where), never used.
 T is built by block doubling: if T_b inverts I + L restricted to diagonal blocks of size b, the blocks of
 size 2b are inverted by T_2b = T_b − T_b·C_b·T_b, C_b the part of L linking the two halves of each 2b block.
@@ -28,7 +31,10 @@ That is exact algebra (no series), in tf32 products; T_1 = I.
 import triton
 import triton.language as tl
 
+from .fastmath import _exp2, _sigmoid
 from .matmul import _mm
+
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -52,18 +58,20 @@ def _load_rows(ptr, rows, row_stride, cols, mask):
 
 
 @triton.jit
-def _log_decay(g_rows, A_log, dt_bias, i_hv, o_k, lower_bound,
-               USE_GATE: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, K: tl.constexpr):
+def _log2_decay(g_rows, A_log, dt_bias, i_hv, o_k, lower_bound,
+                USE_GATE: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, K: tl.constexpr,
+                INTERPRET: tl.constexpr):
+    """Per-step log-decay in base 2: log2(e) · a, with a the fused gate or g itself."""
     if USE_GATE:
         x = g_rows
         if HAS_DT_BIAS:
             x = x + tl.load(dt_bias + i_hv * K + o_k)[None, :]
         if HAS_A_LOG:
             x = x * tl.exp(tl.load(A_log + i_hv))
-        a = lower_bound * tl.sigmoid(x)
+        a2 = (lower_bound * LOG2E) * _sigmoid(x, INTERPRET)
     else:
-        a = g_rows
-    return a
+        a2 = g_rows * LOG2E
+    return a2
 
 
 @triton.jit
@@ -114,31 +122,41 @@ def _chunk_prepare_kernel(
     if USE_L2NORM:
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-    b_a = _log_decay(_load_rows(g, rows * HV + i_hv, K, o_k, m_t), A_log, dt_bias, i_hv, o_k, lower_bound,
-                     USE_GATE, HAS_A_LOG, HAS_DT_BIAS, K)
+    # Cumulative decay in base 2 (every exponential below is then one ex2 instruction).
+    b_a = _log2_decay(_load_rows(g, rows * HV + i_hv, K, o_k, m_t), A_log, dt_bias, i_hv, o_k, lower_bound,
+                      USE_GATE, HAS_A_LOG, HAS_DT_BIAS, K, INTERPRET)
     b_G = tl.cumsum(tl.where(m_t[:, None], b_a, 0.0), 0)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
     if USE_BETA_SIGMOID:
-        b_beta = tl.sigmoid(b_beta)
+        b_beta = _sigmoid(b_beta, INTERPRET)
     b_beta = tl.where(m_t, b_beta, 0.0)
 
-    # One reference point, the cumulative decay at the chunk's middle token: |G − r| <= 5 · BT / 2.
+    # One reference point, the cumulative decay at the chunk's middle token: |G − r| <= log2(e) · 5 · BT / 2.
+    # Two exponentials per element; every other decay factor is one of them times a per-channel factor.
     r_mid = tl.sum(tl.where((o_t == BT // 2 - 1)[:, None], b_G, 0.0), 0)
-    e_pos = tl.exp(b_G - r_mid[None, :])
-    k_neg = (b_k / e_pos).to(MM_DTYPE)                                           # k̂_j e^{r − G_j}
+    g_last = tl.sum(tl.where((o_t == BT - 1)[:, None], b_G, 0.0), 0)            # G at the chunk's last row
+    e_r = _exp2(r_mid, INTERPRET)
+    row_k = (i_hv * T_total + rows)[:, None] * K + o_k[None, :]
+    k_neg = b_k * _exp2(r_mid[None, :] - b_G, INTERPRET)                         # k̂_j e^{r − G_j}
+    tl.store(kt + row_k, (k_neg * _exp2(g_last - r_mid, INTERPRET)[None, :]).to(kt.dtype.element_ty),
+             mask=m_t[:, None])                                                   # k̂ e^{G_last − G}
+    tl.store(gl + (i_c * HV + i_hv) * K + o_k, _exp2(g_last, INTERPRET))
+    k_neg = k_neg.to(MM_DTYPE)
+    e_pos = _exp2(b_G - r_mid[None, :], INTERPRET)                                # e^{G − r}
 
-    # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})), stored now.
-    b_aqk = _mm((b_q * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
+    # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})), stored now; Qg = scale · q̂ ⊙ e^{G − r} · e^{r}.
+    q_pos = b_q * e_pos
+    b_aqk = _mm(q_pos.to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
     b_aqk = tl.where(o_t[None, :] <= o_t[:, None], b_aqk * scale, 0.0)
     tl.store(aqk + (i_hv * T_total + rows)[:, None] * BT + o_t[None, :], b_aqk.to(aqk.dtype.element_ty),
              mask=m_t[:, None])
-    row_k = (i_hv * T_total + rows)[:, None] * K + o_k[None, :]
-    b_eg = tl.exp(b_G)
-    tl.store(qg + row_k, (b_q * b_eg * scale).to(qg.dtype.element_ty), mask=m_t[:, None])
+    tl.store(qg + row_k, (q_pos * (e_r * scale)[None, :]).to(qg.dtype.element_ty), mask=m_t[:, None])
 
-    # L = strict_tril(diag(β) · k̂_i·(k̂_j ⊙ e^{G_i − G_j})).
-    b_L = _mm((b_k * e_pos).to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
+    # L = strict_tril(diag(β) · k̂_i·(k̂_j ⊙ e^{G_i − G_j})); the right side of W, diag(β)·(k̂ ⊙ e^G), kept.
+    k_pos = b_k * e_pos
+    b_L = _mm(k_pos.to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
     b_L = tl.where(o_t[None, :] < o_t[:, None], b_L * b_beta[:, None], 0.0)
+    k_beta = k_pos * (e_r[None, :] * b_beta[:, None])
 
     # T = (I + L)^-1 by block doubling: T_1 = I, T_2b = T_b − T_b·C_b·T_b.
     b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32)
@@ -149,11 +167,8 @@ def _chunk_prepare_kernel(
         b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
         b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
 
-    # Per-token outputs of the chunk, each stored as soon as it is formed (fewer live registers).
-    g_last = tl.sum(tl.where((o_t == BT - 1)[:, None], b_G, 0.0), 0)            # G at the chunk's last row
-    tl.store(kt + row_k, (b_k * tl.exp(g_last[None, :] - b_G)).to(kt.dtype.element_ty), mask=m_t[:, None])
-    tl.store(gl + (i_c * HV + i_hv) * K + o_k, tl.exp(g_last))
-    b_w = tl.dot(b_T, b_k * b_eg * b_beta[:, None], input_precision=DOT_PRECISION)
+    # W and U0, each stored as soon as it is formed (fewer live registers).
+    b_w = tl.dot(b_T, k_beta, input_precision=DOT_PRECISION)
     tl.store(w + row_k, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
     b_v = _load_rows(v, rows * HV + i_hv, V, o_v, m_t)
     b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
