@@ -19,6 +19,7 @@ import torch
 import fastkda
 from fastkda.bench.tasks import default_tasks, make_inputs, select_tasks
 from fastkda.bench.timing import copy_bandwidth
+from fastkda import kernels
 from fastkda.kernels import CHUNK_SIZE, prepare_chunks, run_recurrence
 
 
@@ -51,7 +52,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--tasks", default=None)
+    ap.add_argument("--stage1-warps", type=int, default=None, help="override the launch rule (diagnosis)")
+    ap.add_argument("--stage2-warps", type=int, default=None, help="override the launch rule (diagnosis)")
     args = ap.parse_args()
+    if args.stage1_warps:
+        kernels.STAGE1_WARPS = args.stage1_warps
+    if args.stage2_warps:
+        kernels.STAGE2_WARPS = args.stage2_warps
     tasks = select_tasks(args.tasks.split(",")) if args.tasks else default_tasks()
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev).TBps

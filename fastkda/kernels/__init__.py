@@ -25,7 +25,8 @@ from .chunk_recurrence import _chunk_recurrence_kernel
 
 CHUNK_SIZE = 32      # BT: tokens per chunk (a power of two, 16 or 32: chunk_prepare.py gives the bound)
 VALUE_BLOCK = 64     # BV: state columns per stage-2 program
-NUM_WARPS = 4
+STAGE1_WARPS = 4
+STAGE2_WARPS = 4
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -90,7 +91,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
             HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
             DOT_PRECISION="ieee" if _interpreting() else "tf32",
             MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=_interpreting(),
-            num_warps=NUM_WARPS, num_stages=1,
+            num_warps=STAGE1_WARPS, num_stages=1,
         )
     return st
 
@@ -112,7 +113,7 @@ def run_recurrence(st: Stage1, *, out, initial_state, final_state, cu_seqlens, s
         HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
         IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
         INTERPRET=_interpreting(),
-        num_warps=NUM_WARPS, num_stages=3 if st.w.dtype == torch.bfloat16 else 1,
+        num_warps=STAGE2_WARPS, num_stages=3 if st.w.dtype == torch.bfloat16 else 1,
     )
 
 
