@@ -40,7 +40,7 @@ def median_ms(fn, warmup=10, repeats=100):
 def stage_bytes(T, H, D, N):
     bf, f32 = 2, 4
     inputs = T * H * (4 * D * bf + bf)
-    stage1_out = T * H * (4 * D + CHUNK_SIZE) * bf
+    stage1_out = T * H * 5 * D * bf                               # a1, b1 (2 D each per token), kt
     chunks = (T + CHUNK_SIZE - 1) // CHUNK_SIZE + N
     gl = chunks * H * D * f32
     state = 2 * N * H * D * D * f32
@@ -53,10 +53,13 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--tasks", default=None)
     ap.add_argument("--stage1-warps", type=int, default=None, help="override the launch rule (diagnosis)")
+    ap.add_argument("--stage1-maxnreg", type=int, default=None, help="override the launch rule (diagnosis)")
     ap.add_argument("--stage2-warps", type=int, default=None, help="override the launch rule (diagnosis)")
     args = ap.parse_args()
     if args.stage1_warps:
         kernels.STAGE1_WARPS = args.stage1_warps
+    if args.stage1_maxnreg:
+        kernels.STAGE1_MAXNREG = args.stage1_maxnreg
     if args.stage2_warps:
         kernels.STAGE2_WARPS = args.stage2_warps
     tasks = select_tasks(args.tasks.split(",")) if args.tasks else default_tasks()

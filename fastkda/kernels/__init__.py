@@ -1,7 +1,7 @@
 """Triton launcher for the KDA forward: two kernels, no host-device synchronisation.
 
     stage 0 (varlen only)  _chunk_offsets_kernel      chunk offsets of the packed sequences (1 program)
-    stage 1                _chunk_prepare_kernel      per (chunk, value head): w, u, qg, kt, aqk, gl
+    stage 1                _chunk_prepare_kernel      per (chunk, value head): a1, b1, kt, gl
     stage 2                _chunk_recurrence_kernel   per (value block, sequence, value head): out, state
 
 Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
@@ -26,6 +26,7 @@ from .chunk_recurrence import _chunk_recurrence_kernel
 CHUNK_SIZE = 32      # BT: tokens per chunk (a power of two, 16 or 32: chunk_prepare.py gives the bound)
 VALUE_BLOCK = 64     # BV: state columns per stage-2 program
 STAGE1_WARPS = 4
+STAGE1_MAXNREG = None   # registers per thread for stage 1 (None: the compiler's choice)
 STAGE2_WARPS = 4
 
 
@@ -35,16 +36,15 @@ def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
 
 
 class Stage1(NamedTuple):
-    """Stage-1 tensors of one call (head-major: [HV, tokens, ...]) and the chunk bookkeeping."""
+    """Stage-1 tensors of one call (chunk blocks: [HV, chunk slots, rows, ...], chunk_prepare.py) and the
+    chunk bookkeeping."""
 
-    w: torch.Tensor
-    u: torch.Tensor
-    qg: torch.Tensor
+    a1: torch.Tensor
+    b1: torch.Tensor
     kt: torch.Tensor
-    aqk: torch.Tensor
     gl: torch.Tensor
     chunk_offsets: Optional[torch.Tensor]
-    n_chunks: int   # stage-1 programs along the chunk axis (an upper bound with cu_seqlens)
+    n_chunks: int   # chunk slots = stage-1 programs along the chunk axis (an upper bound with cu_seqlens)
     N: int          # sequences
 
 
@@ -72,26 +72,26 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
         n_chunks = B * triton.cdiv(T, BT)
         chunk_offsets = None
     sdt = stage_dtype(q.dtype)
-    st = Stage1(w=torch.empty(HV, T_total, K, dtype=sdt, device=device),
-                u=torch.empty(HV, T_total, V, dtype=sdt, device=device),
-                qg=torch.empty(HV, T_total, K, dtype=sdt, device=device),
-                kt=torch.empty(HV, T_total, K, dtype=sdt, device=device),
-                aqk=torch.empty(HV, T_total, BT, dtype=sdt, device=device),
-                gl=torch.empty(max(n_chunks, 1), HV, K, dtype=torch.float32, device=device),
+    slots = max(n_chunks, 1)
+    st = Stage1(a1=torch.empty(HV, slots, 2 * BT, K, dtype=sdt, device=device),
+                b1=torch.empty(HV, slots, 2 * BT, V, dtype=sdt, device=device),
+                kt=torch.empty(HV, slots, BT, K, dtype=sdt, device=device),
+                gl=torch.empty(slots, HV, K, dtype=torch.float32, device=device),
                 chunk_offsets=chunk_offsets, n_chunks=n_chunks, N=N)
     if n_chunks > 0 and N > 0:
         # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
         _chunk_prepare_kernel[(n_chunks, HV)](
             q, k, v, g, beta, A_log, dt_bias,
-            st.w, st.u, st.qg, st.kt, st.aqk, st.gl,
+            st.a1, st.b1, st.kt, st.gl,
             cu_seqlens, chunk_offsets,
-            T, T_total, N, scale, 0.0 if lower_bound is None else lower_bound,
+            T, N, slots, scale, 0.0 if lower_bound is None else lower_bound,
             H, HV, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, search_steps=max(1, N.bit_length()),
             IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm, USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid,
             HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
             DOT_PRECISION="ieee" if _interpreting() else "tf32",
             MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=_interpreting(),
             num_warps=STAGE1_WARPS, num_stages=1,
+            **({} if STAGE1_MAXNREG is None else {"maxnreg": STAGE1_MAXNREG}),
         )
     return st
 
@@ -99,21 +99,21 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
 def run_recurrence(st: Stage1, *, out, initial_state, final_state, cu_seqlens, state_v_first) -> None:
     """Stage 2: carry the state through each sequence, write ``out`` and ``final_state``."""
     B, T, HV, V = out.shape
-    K = st.w.shape[-1]
+    K = st.a1.shape[-1]
     if st.N == 0:
         return
     BV = min(VALUE_BLOCK, V)
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
     _chunk_recurrence_kernel[(V // BV, st.N * HV)](
-        st.w, st.u, st.qg, st.kt, st.aqk, st.gl,
+        st.a1, st.b1, st.kt, st.gl,
         initial_state, final_state, out,
         cu_seqlens, st.chunk_offsets,
-        T, B * T,
+        T, st.a1.shape[1],
         s_state_k, s_state_v,
         HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
         IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
         INTERPRET=_interpreting(),
-        num_warps=STAGE2_WARPS, num_stages=3 if st.w.dtype == torch.bfloat16 else 1,
+        num_warps=STAGE2_WARPS, num_stages=3 if st.a1.dtype == torch.bfloat16 else 1,
     )
 
 

@@ -1,19 +1,24 @@
 """Stage 1, chunk-parallel: everything of a chunk of BT tokens that does not depend on the carried state.
 
 One program per (chunk of BT tokens, value head). With q̂, k̂ the l2-normalised q, k, a the per-channel
-log-decay (the fused gate) and β the beta sigmoid, G = the within-chunk cumulative sum of a, it computes
+log-decay (the fused gate) and β the beta sigmoid, G = the within-chunk cumulative sum of a, it forms
 
     L    = strict_tril(diag(β) · [k̂_i·(k̂_j ⊙ e^{G_i − G_j})]_ij)        (the WY / UT system)
     T    = (I + L)⁻¹
-    W    = T · diag(β) · (k̂ ⊙ e^G)           -> w   [HV, T, K]
-    U0   = T · diag(β) · V                   -> u   [HV, T, V]
-    Qg   = scale · q̂ ⊙ e^G                   -> qg  [HV, T, K]
-    Aqk  = tril(scale · [q̂_i·(k̂_j ⊙ e^{G_i − G_j})]_ij)                  -> aqk [HV, T, BT]
-    Kt   = k̂ ⊙ e^{G_last − G}                -> kt  [HV, T, K]
-    gl   = e^{G_last}                        -> gl  [chunks, HV, K]
+    W    = T · diag(β) · (k̂ ⊙ e^G),          U0 = T · diag(β) · V
+    Aqk  = tril(scale · [q̂_i·(k̂_j ⊙ e^{G_i − G_j})]_ij),   Qg = scale · q̂ ⊙ e^G
 
-so that the recurrence stage only has to do, per chunk, U = U0 − W·S, O = Qg·S + Aqk·U and
-S = diag(gl)·S + Ktᵀ·U.
+and stores, per chunk, the two stacked blocks the recurrence stage multiplies by the state, plus the decay:
+
+    a1   = [−W ; Qg − Aqk·W]      [HV, chunks, 2·BT, K]
+    b1   = [U0 ; Aqk·U0]          [HV, chunks, 2·BT, V]
+    kt   = k̂ ⊙ e^{G_last − G}     [HV, chunks, BT, K]
+    gl   = e^{G_last}             [chunks, HV, K]
+
+With the chunk's state S, the corrected values are U = U0 − W·S and the outputs O = Qg·S + Aqk·U =
+(Qg − Aqk·W)·S + Aqk·U0, so b1 + a1·S = [U ; O] is ONE product of the state (chunk_recurrence.py), and
+S = diag(gl)·S + Ktᵀ·U. Chunks are stored whole, padding rows of a sequence's last chunk included (they are
+zero: k̂ = q̂ = β = 0 there), so the recurrence stage reads them without masks.
 
 Numerics. G is accumulated in base 2 (log2(e)·a), so each exponential is one ex2 instruction (fastmath.py).
 e^{G_i − G_j} is formed as a product e^{G_i − r}·e^{r − G_j}, which needs both factors inside the fp32 (and
@@ -77,9 +82,9 @@ def _log2_decay(g_rows, A_log, dt_bias, i_hv, o_k, lower_bound,
 @triton.jit
 def _chunk_prepare_kernel(
     q, k, v, g, beta, A_log, dt_bias,
-    w, u, qg, kt, aqk, gl,
+    a1, b1, kt, gl,
     cu_seqlens, chunk_offsets,
-    T, T_total, N, scale, lower_bound,
+    T, N, NC, scale, lower_bound,
     H, HV, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, LOG2_BT: tl.constexpr, search_steps,
     IS_VARLEN: tl.constexpr, USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, USE_BETA_SIGMOID: tl.constexpr,
@@ -136,21 +141,20 @@ def _chunk_prepare_kernel(
     r_mid = tl.sum(tl.where((o_t == BT // 2 - 1)[:, None], b_G, 0.0), 0)
     g_last = tl.sum(tl.where((o_t == BT - 1)[:, None], b_G, 0.0), 0)            # G at the chunk's last row
     e_r = _exp2(r_mid, INTERPRET)
-    row_k = (i_hv * T_total + rows)[:, None] * K + o_k[None, :]
+    # Stage-1 blocks of this chunk: int64 bases (they outgrow 2^31 elements before the inputs do).
+    blk = (i_hv * NC + i_c).to(tl.int64)
     k_neg = b_k * _exp2(r_mid[None, :] - b_G, INTERPRET)                         # k̂_j e^{r − G_j}
-    tl.store(kt + row_k, (k_neg * _exp2(g_last - r_mid, INTERPRET)[None, :]).to(kt.dtype.element_ty),
-             mask=m_t[:, None])                                                   # k̂ e^{G_last − G}
+    tl.store(kt + blk * (BT * K) + o_t[:, None] * K + o_k[None, :],
+             (k_neg * _exp2(g_last - r_mid, INTERPRET)[None, :]).to(kt.dtype.element_ty))  # k̂ e^{G_last − G}
     tl.store(gl + (i_c * HV + i_hv) * K + o_k, _exp2(g_last, INTERPRET))
     k_neg = k_neg.to(MM_DTYPE)
     e_pos = _exp2(b_G - r_mid[None, :], INTERPRET)                                # e^{G − r}
 
-    # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})), stored now; Qg = scale · q̂ ⊙ e^{G − r} · e^{r}.
+    # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})) and Qg = scale · q̂ ⊙ e^{G − r} · e^{r}, kept for later.
     q_pos = b_q * e_pos
     b_aqk = _mm(q_pos.to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
     b_aqk = tl.where(o_t[None, :] <= o_t[:, None], b_aqk * scale, 0.0)
-    tl.store(aqk + (i_hv * T_total + rows)[:, None] * BT + o_t[None, :], b_aqk.to(aqk.dtype.element_ty),
-             mask=m_t[:, None])
-    tl.store(qg + row_k, (q_pos * (e_r * scale)[None, :]).to(qg.dtype.element_ty), mask=m_t[:, None])
+    b_qg = q_pos * (e_r * scale)[None, :]
 
     # L = strict_tril(diag(β) · k̂_i·(k̂_j ⊙ e^{G_i − G_j})); the right side of W, diag(β)·(k̂ ⊙ e^G), kept.
     k_pos = b_k * e_pos
@@ -167,10 +171,13 @@ def _chunk_prepare_kernel(
         b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
         b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
 
-    # W and U0, each stored as soon as it is formed (fewer live registers).
+    # a1 = [−W ; Qg − Aqk·W], b1 = [U0 ; Aqk·U0], each half stored as soon as it is formed.
+    p_a1 = a1 + blk * (2 * BT * K) + o_t[:, None] * K + o_k[None, :]
     b_w = tl.dot(b_T, k_beta, input_precision=DOT_PRECISION)
-    tl.store(w + row_k, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
+    tl.store(p_a1, (-b_w).to(a1.dtype.element_ty))
+    tl.store(p_a1 + BT * K, (b_qg - tl.dot(b_aqk, b_w, input_precision=DOT_PRECISION)).to(a1.dtype.element_ty))
     b_v = _load_rows(v, rows * HV + i_hv, V, o_v, m_t)
+    p_b1 = b1 + blk * (2 * BT * V) + o_t[:, None] * V + o_v[None, :]
     b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
-    tl.store(u + (i_hv * T_total + rows)[:, None] * V + o_v[None, :], b_u.to(u.dtype.element_ty),
-             mask=m_t[:, None])
+    tl.store(p_b1, b_u.to(b1.dtype.element_ty))
+    tl.store(p_b1 + BT * V, tl.dot(b_aqk, b_u, input_precision=DOT_PRECISION).to(b1.dtype.element_ty))

@@ -1,22 +1,21 @@
 """Stage 2, sequential over chunks: carry the state S through a sequence and produce the outputs.
 
 One program per (value-column block of BV, sequence, value head): the recurrence is separable along V, so
-each program owns the block S[:, block] and, for each chunk of BT tokens, computes from the stage-1 tensors
-(see chunk_prepare.py)
+each program owns the block S[:, block]. Per chunk of BT tokens, with the stage-1 blocks of chunk_prepare.py
+(a1 = [−W ; Qg − Aqk·W], b1 = [U0 ; Aqk·U0], kt, gl):
 
-    U = U0 − W · S                  (corrected values of the chunk, BT x BV)
-    O = Qg · S + Aqk · U            (outputs, written in the dtype of v)
+    [U ; O] = b1 + a1 · S           (corrected values U and outputs O of the chunk, 2·BT x BV)
     S = diag(gl) · S + Ktᵀ · U      (state at the end of the chunk)
 
-The program works on the transposes, with the value block as the rows of every product:
+so the dependent chain of a chunk is two matrix products. The program works on the transposes,
 
-    Uᵀ = U0ᵀ − Sᵀ · Wᵀ,   Oᵀ = Sᵀ · Qgᵀ + Uᵀ · Aqkᵀ,   Sᵀ = Sᵀ · diag(gl) + Uᵀ · Kt.
+    Yᵀ = b1ᵀ + Sᵀ · a1ᵀ = [Uᵀ | Oᵀ],    Sᵀ = Sᵀ · diag(gl) + Yᵀ · [Kt ; 0],
 
-Every product then has M = BV = 64 rows, the shape of Hopper's warpgroup matrix instruction, and its left
-operand (Sᵀ or Uᵀ) is the result of a previous product: it stays in registers instead of taking a trip
-through shared memory on the dependent chain. The right operands come from memory (pipelined loads).
-The products take Sᵀ and Uᵀ rounded to the stage-1 tensor dtype (bf16) with fp32 accumulation; the state
-itself stays fp32 from the initial state to the final state.
+where every product has M = BV = 64 rows, the shape of Hopper's warpgroup matrix instruction, and its left
+operand (Sᵀ or Yᵀ) is the result of the previous product: it stays in registers. Multiplying all of Yᵀ by Kt
+padded with BT zero rows (a masked load, no memory traffic) keeps Yᵀ in one piece instead of splitting it.
+Products take Sᵀ and Yᵀ rounded to the stage-1 tensor dtype (bf16) with fp32 accumulation; the state itself
+stays fp32 from the initial state to the final state.
 """
 
 import triton
@@ -27,10 +26,10 @@ from .matmul import _mm
 
 @triton.jit
 def _chunk_recurrence_kernel(
-    w, u, qg, kt, aqk, gl,
+    a1, b1, kt, gl,
     h0, ht, o,
     cu_seqlens, chunk_offsets,
-    T, T_total,
+    T, NC,
     s_state_k, s_state_v,
     HV, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INTERPRET: tl.constexpr,
@@ -49,7 +48,7 @@ def _chunk_recurrence_kernel(
         c_first = n * tl.cdiv(T, BT)
     n_chunks = tl.cdiv(eos - bos, BT)
 
-    o_t = tl.arange(0, BT)
+    o_2t = tl.arange(0, 2 * BT)          # rows of a stacked block: U rows, then O rows
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     # Sᵀ[vv, kk] = S[kk, vv] of this (sequence, head) sits at kk * s_state_k + vv * s_state_v.
@@ -59,25 +58,23 @@ def _chunk_recurrence_kernel(
     else:
         b_st = tl.zeros([BV, K], dtype=tl.float32)
 
-    mm_dtype = w.dtype.element_ty
+    mm_dtype = a1.dtype.element_ty
+    blk0 = (i_hv * NC + c_first).to(tl.int64)
+    p_a1 = a1 + blk0 * (2 * BT * K) + o_2t[:, None] * K + o_k[None, :]
+    p_b1 = b1 + blk0 * (2 * BT * V) + o_2t[None, :] * V + o_v[:, None]                 # b1ᵀ
+    p_kt = kt + blk0 * (BT * K) + o_2t[:, None] * K + o_k[None, :]
+    m_kt = (o_2t < BT)[:, None]
     for c in range(n_chunks):
-        rows = bos + c * BT + o_t
-        m_t = rows < eos
-        head_rows = i_hv * T_total + rows
-        b_w = tl.load(w + head_rows[:, None] * K + o_k[None, :], mask=m_t[:, None], other=0.0)
-        b_qg = tl.load(qg + head_rows[:, None] * K + o_k[None, :], mask=m_t[:, None], other=0.0)
-        b_kt = tl.load(kt + head_rows[:, None] * K + o_k[None, :], mask=m_t[:, None], other=0.0)
-        b_u0 = tl.load(u + head_rows[None, :] * V + o_v[:, None], mask=m_t[None, :], other=0.0)     # U0ᵀ
-        b_aqk = tl.load(aqk + head_rows[:, None] * BT + o_t[None, :], mask=m_t[:, None], other=0.0)
+        b_a1 = tl.load(p_a1 + c * (2 * BT * K))
+        b_b1 = tl.load(p_b1 + c * (2 * BT * V))
+        b_kt = tl.load(p_kt + c * (BT * K), mask=m_kt, other=0.0)
         b_gl = tl.load(gl + ((c_first + c) * HV + i_hv) * K + o_k)
 
-        b_smm = b_st.to(mm_dtype)
-        b_ut = b_u0.to(tl.float32) - _mm(b_smm, tl.trans(b_w), INTERPRET)
-        b_umm = b_ut.to(mm_dtype)
-        b_ot = _mm(b_smm, tl.trans(b_qg), INTERPRET) + _mm(b_umm, tl.trans(b_aqk), INTERPRET)
-        tl.store(o + (rows * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
-                 mask=m_t[None, :])
-        b_st = b_st * b_gl[None, :] + _mm(b_umm, b_kt, INTERPRET)
+        b_yt = b_b1.to(tl.float32) + _mm(b_st.to(mm_dtype), tl.trans(b_a1), INTERPRET)     # [Uᵀ | Oᵀ]
+        rows = bos + c * BT + o_2t - BT
+        tl.store(o + (rows * HV + i_hv)[None, :] * V + o_v[:, None], b_yt.to(o.dtype.element_ty),
+                 mask=((o_2t >= BT) & (rows < eos))[None, :])
+        b_st = b_st * b_gl[None, :] + _mm(b_yt.to(mm_dtype), b_kt, INTERPRET)
 
     if STORE_HT:
         tl.store(ht + p_state, b_st.to(ht.dtype.element_ty))
