@@ -26,8 +26,9 @@ from .chunk_recurrence import _chunk_recurrence_kernel
 CHUNK_SIZE = 32      # BT: tokens per chunk (a power of two, 16 or 32: chunk_prepare.py gives the bound)
 VALUE_BLOCK = 64     # BV: state columns per stage-2 program
 STAGE1_WARPS = 4
-STAGE1_MAXNREG = None   # registers per thread for stage 1 (None: the compiler's choice)
+STAGE1_MAXNREG = 168   # registers per thread in stage 1: three programs per SM (docs/perf-notes.md)
 STAGE2_WARPS = 4
+STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors)
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -113,7 +114,7 @@ def run_recurrence(st: Stage1, *, out, initial_state, final_state, cu_seqlens, s
         HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
         IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
         INTERPRET=_interpreting(),
-        num_warps=STAGE2_WARPS, num_stages=3 if st.a1.dtype == torch.bfloat16 else 1,
+        num_warps=STAGE2_WARPS, num_stages=STAGE2_STAGES if st.a1.dtype == torch.bfloat16 else 1,
     )
 
 

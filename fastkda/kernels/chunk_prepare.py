@@ -8,17 +8,18 @@ log-decay (the fused gate) and β the beta sigmoid, G = the within-chunk cumulat
     W    = T · diag(β) · (k̂ ⊙ e^G),          U0 = T · diag(β) · V
     Aqk  = tril(scale · [q̂_i·(k̂_j ⊙ e^{G_i − G_j})]_ij),   Qg = scale · q̂ ⊙ e^G
 
-and stores, per chunk, the two stacked blocks the recurrence stage multiplies by the state, plus the decay:
+and stores, per chunk, two blocks the recurrence stage multiplies by the state, plus the decay:
 
-    a1   = [−W ; Qg − Aqk·W]      [HV, chunks, 2·BT, K]
-    b1   = [U0 ; Aqk·U0]          [HV, chunks, 2·BT, V]
-    kt   = k̂ ⊙ e^{G_last − G}     [HV, chunks, BT, K]
-    gl   = e^{G_last}             [chunks, HV, K]
+    a1   = rows of −W and of Qg − Aqk·W, interleaved (row 2i, row 2i + 1)    [HV, chunks, 2·BT, K]
+    b1   = rows of U0 and of Aqk·U0, interleaved                              [HV, chunks, 2·BT, V]
+    kt   = k̂ ⊙ e^{G_last − G}                                                 [HV, chunks, BT, K]
+    gl   = e^{G_last}                                                         [chunks, HV, K]
 
 With the chunk's state S, the corrected values are U = U0 − W·S and the outputs O = Qg·S + Aqk·U =
-(Qg − Aqk·W)·S + Aqk·U0, so b1 + a1·S = [U ; O] is ONE product of the state (chunk_recurrence.py), and
-S = diag(gl)·S + Ktᵀ·U. Chunks are stored whole, padding rows of a sequence's last chunk included (they are
-zero: k̂ = q̂ = β = 0 there), so the recurrence stage reads them without masks.
+(Qg − Aqk·W)·S + Aqk·U0, so b1 + a1·S gives U and O, interleaved, in ONE product of the state
+(chunk_recurrence.py), and S = diag(gl)·S + Ktᵀ·U. Both blocks come from R = T and Aqk·T interleaved:
+a1 = [0, Qg interleaved] − R·diag(β)(k̂ ⊙ e^G), b1 = R·diag(β)·V. Chunks are stored whole, padding rows of a
+sequence's last chunk included (they are zero: k̂ = q̂ = β = 0 there), so the recurrence reads them unmasked.
 
 Numerics. G is accumulated in base 2 (log2(e)·a), so each exponential is one ex2 instruction (fastmath.py).
 e^{G_i − G_j} is formed as a product e^{G_i − r}·e^{r − G_j}, which needs both factors inside the fp32 (and
@@ -60,6 +61,12 @@ def _chunk_offsets_kernel(cu_seqlens, chunk_offsets, N, BT: tl.constexpr, BLOCK:
 @triton.jit
 def _load_rows(ptr, rows, row_stride, cols, mask):
     return tl.load(ptr + rows[:, None] * row_stride + cols[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _interleave_rows(even, odd):
+    """Two [R, C] tiles as one [2R, C] tile whose row 2i is even[i] and row 2i + 1 is odd[i]."""
+    return tl.reshape(tl.permute(tl.join(even, odd), (0, 2, 1)), (2 * even.shape[0], even.shape[1]))
 
 
 @triton.jit
@@ -171,13 +178,13 @@ def _chunk_prepare_kernel(
         b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
         b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
 
-    # a1 = [−W ; Qg − Aqk·W], b1 = [U0 ; Aqk·U0], each half stored as soon as it is formed.
-    p_a1 = a1 + blk * (2 * BT * K) + o_t[:, None] * K + o_k[None, :]
-    b_w = tl.dot(b_T, k_beta, input_precision=DOT_PRECISION)
-    tl.store(p_a1, (-b_w).to(a1.dtype.element_ty))
-    tl.store(p_a1 + BT * K, (b_qg - tl.dot(b_aqk, b_w, input_precision=DOT_PRECISION)).to(a1.dtype.element_ty))
+    # R = T and Aqk·T, rows interleaved (2·BT x BT): a1 and b1 are two products of 2·BT rows (one per
+    # stored block; warpgroup-sized on Hopper) instead of four of BT rows.
+    o_2t = tl.arange(0, 2 * BT)
+    b_R = _interleave_rows(b_T, tl.dot(b_aqk, b_T, input_precision=DOT_PRECISION))
+    b_a1 = _interleave_rows(tl.zeros([BT, K], dtype=tl.float32), b_qg)
+    b_a1 -= tl.dot(b_R, k_beta, input_precision=DOT_PRECISION)
+    tl.store(a1 + blk * (2 * BT * K) + o_2t[:, None] * K + o_k[None, :], b_a1.to(a1.dtype.element_ty))
     b_v = _load_rows(v, rows * HV + i_hv, V, o_v, m_t)
-    p_b1 = b1 + blk * (2 * BT * V) + o_t[:, None] * V + o_v[None, :]
-    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
-    tl.store(p_b1, b_u.to(b1.dtype.element_ty))
-    tl.store(p_b1 + BT * V, tl.dot(b_aqk, b_u, input_precision=DOT_PRECISION).to(b1.dtype.element_ty))
+    b_b1 = tl.dot(b_R, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
+    tl.store(b1 + blk * (2 * BT * V) + o_2t[:, None] * V + o_v[None, :], b_b1.to(b1.dtype.element_ty))

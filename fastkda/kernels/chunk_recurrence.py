@@ -2,19 +2,19 @@
 
 One program per (value-column block of BV, sequence, value head): the recurrence is separable along V, so
 each program owns the block S[:, block]. Per chunk of BT tokens, with the stage-1 blocks of chunk_prepare.py
-(a1 = [−W ; Qg − Aqk·W], b1 = [U0 ; Aqk·U0], kt, gl):
+(a1: rows of −W and Qg − Aqk·W interleaved; b1: rows of U0 and Aqk·U0 interleaved; kt; gl):
 
-    [U ; O] = b1 + a1 · S           (corrected values U and outputs O of the chunk, 2·BT x BV)
-    S = diag(gl) · S + Ktᵀ · U      (state at the end of the chunk)
+    b1 + a1 · S = rows of U and O, interleaved   (corrected values and outputs of the chunk)
+    S = diag(gl) · S + Ktᵀ · U                   (state at the end of the chunk)
 
 so the dependent chain of a chunk is two matrix products. The program works on the transposes,
 
-    Yᵀ = b1ᵀ + Sᵀ · a1ᵀ = [Uᵀ | Oᵀ],    Sᵀ = Sᵀ · diag(gl) + Yᵀ · [Kt ; 0],
+    Yᵀ = b1ᵀ + Sᵀ · a1ᵀ  (columns Uᵀ, Oᵀ alternate),    Sᵀ = Sᵀ · diag(gl) + Uᵀ · Kt,
 
 where every product has M = BV = 64 rows, the shape of Hopper's warpgroup matrix instruction, and its left
-operand (Sᵀ or Yᵀ) is the result of the previous product: it stays in registers. Multiplying all of Yᵀ by Kt
-padded with BT zero rows (a masked load, no memory traffic) keeps Yᵀ in one piece instead of splitting it.
-Products take Sᵀ and Yᵀ rounded to the stage-1 tensor dtype (bf16) with fp32 accumulation; the state itself
+operand (Sᵀ or Uᵀ) is the result of the previous product: it stays in registers. Interleaving puts each
+thread's U and O values side by side in the product's register layout, so separating them costs nothing.
+Products take Sᵀ and Uᵀ rounded to the stage-1 tensor dtype (bf16) with fp32 accumulation; the state itself
 stays fp32 from the initial state to the final state.
 """
 
@@ -48,7 +48,8 @@ def _chunk_recurrence_kernel(
         c_first = n * tl.cdiv(T, BT)
     n_chunks = tl.cdiv(eos - bos, BT)
 
-    o_2t = tl.arange(0, 2 * BT)          # rows of a stacked block: U rows, then O rows
+    o_t = tl.arange(0, BT)
+    o_2t = tl.arange(0, 2 * BT)          # rows of a block: U and O rows interleaved
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     # Sᵀ[vv, kk] = S[kk, vv] of this (sequence, head) sits at kk * s_state_k + vv * s_state_v.
@@ -62,19 +63,19 @@ def _chunk_recurrence_kernel(
     blk0 = (i_hv * NC + c_first).to(tl.int64)
     p_a1 = a1 + blk0 * (2 * BT * K) + o_2t[:, None] * K + o_k[None, :]
     p_b1 = b1 + blk0 * (2 * BT * V) + o_2t[None, :] * V + o_v[:, None]                 # b1ᵀ
-    p_kt = kt + blk0 * (BT * K) + o_2t[:, None] * K + o_k[None, :]
-    m_kt = (o_2t < BT)[:, None]
+    p_kt = kt + blk0 * (BT * K) + o_t[:, None] * K + o_k[None, :]
     for c in range(n_chunks):
         b_a1 = tl.load(p_a1 + c * (2 * BT * K))
         b_b1 = tl.load(p_b1 + c * (2 * BT * V))
-        b_kt = tl.load(p_kt + c * (BT * K), mask=m_kt, other=0.0)
+        b_kt = tl.load(p_kt + c * (BT * K))
         b_gl = tl.load(gl + ((c_first + c) * HV + i_hv) * K + o_k)
 
-        b_yt = b_b1.to(tl.float32) + _mm(b_st.to(mm_dtype), tl.trans(b_a1), INTERPRET)     # [Uᵀ | Oᵀ]
-        rows = bos + c * BT + o_2t - BT
-        tl.store(o + (rows * HV + i_hv)[None, :] * V + o_v[:, None], b_yt.to(o.dtype.element_ty),
-                 mask=((o_2t >= BT) & (rows < eos))[None, :])
-        b_st = b_st * b_gl[None, :] + _mm(b_yt.to(mm_dtype), b_kt, INTERPRET)
+        b_yt = b_b1.to(tl.float32) + _mm(b_st.to(mm_dtype), tl.trans(b_a1), INTERPRET)    # columns U0, O0, U1, ..
+        b_ut, b_ot = tl.split(tl.reshape(b_yt, (BV, BT, 2)))
+        rows = bos + c * BT + o_t
+        tl.store(o + (rows * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
+                 mask=(rows < eos)[None, :])
+        b_st = b_st * b_gl[None, :] + _mm(b_ut.to(mm_dtype), b_kt, INTERPRET)
 
     if STORE_HT:
         tl.store(ht + p_state, b_st.to(ht.dtype.element_ty))
