@@ -17,8 +17,7 @@ and stores, per chunk, two blocks the recurrence stage multiplies by the state, 
 
 With the chunk's state S, the corrected values are U = U0 − W·S and the outputs O = Qg·S + Aqk·U =
 (Qg − Aqk·W)·S + Aqk·U0, so b1 + a1·S gives U and O, interleaved, in ONE product of the state
-(chunk_recurrence.py), and S = diag(gl)·S + Ktᵀ·U. Both blocks come from R = T and Aqk·T interleaved:
-a1 = [0, Qg interleaved] − R·diag(β)(k̂ ⊙ e^G), b1 = R·diag(β)·V. Chunks are stored whole, padding rows of a
+(chunk_recurrence.py), and S = diag(gl)·S + Ktᵀ·U. Chunks are stored whole, padding rows of a
 sequence's last chunk included (they are zero: k̂ = q̂ = β = 0 there), so the recurrence reads them unmasked.
 
 Numerics. G is accumulated in base 2 (log2(e)·a), so each exponential is one ex2 instruction (fastmath.py).
@@ -61,12 +60,6 @@ def _chunk_offsets_kernel(cu_seqlens, chunk_offsets, N, BT: tl.constexpr, BLOCK:
 @triton.jit
 def _load_rows(ptr, rows, row_stride, cols, mask):
     return tl.load(ptr + rows[:, None] * row_stride + cols[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _interleave_rows(even, odd):
-    """Two [R, C] tiles as one [2R, C] tile whose row 2i is even[i] and row 2i + 1 is odd[i]."""
-    return tl.reshape(tl.permute(tl.join(even, odd), (0, 2, 1)), (2 * even.shape[0], even.shape[1]))
 
 
 @triton.jit
@@ -178,13 +171,13 @@ def _chunk_prepare_kernel(
         b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
         b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
 
-    # R = T and Aqk·T, rows interleaved (2·BT x BT): a1 and b1 are two products of 2·BT rows (one per
-    # stored block; warpgroup-sized on Hopper) instead of four of BT rows.
-    o_2t = tl.arange(0, 2 * BT)
-    b_R = _interleave_rows(b_T, tl.dot(b_aqk, b_T, input_precision=DOT_PRECISION))
-    b_a1 = _interleave_rows(tl.zeros([BT, K], dtype=tl.float32), b_qg)
-    b_a1 -= tl.dot(b_R, k_beta, input_precision=DOT_PRECISION)
-    tl.store(a1 + blk * (2 * BT * K) + o_2t[:, None] * K + o_k[None, :], b_a1.to(a1.dtype.element_ty))
+    # a1 rows: −W (even), Qg − Aqk·W (odd); b1 rows: U0 (even), Aqk·U0 (odd). Each stored once formed.
+    p_a1 = a1 + blk * (2 * BT * K) + (2 * o_t)[:, None] * K + o_k[None, :]
+    b_w = tl.dot(b_T, k_beta, input_precision=DOT_PRECISION)
+    tl.store(p_a1, (-b_w).to(a1.dtype.element_ty))
+    tl.store(p_a1 + K, (b_qg - tl.dot(b_aqk, b_w, input_precision=DOT_PRECISION)).to(a1.dtype.element_ty))
     b_v = _load_rows(v, rows * HV + i_hv, V, o_v, m_t)
-    b_b1 = tl.dot(b_R, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
-    tl.store(b1 + blk * (2 * BT * V) + o_2t[:, None] * V + o_v[None, :], b_b1.to(b1.dtype.element_ty))
+    p_b1 = b1 + blk * (2 * BT * V) + (2 * o_t)[:, None] * V + o_v[None, :]
+    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
+    tl.store(p_b1, b_u.to(b1.dtype.element_ty))
+    tl.store(p_b1 + V, tl.dot(b_aqk, b_u, input_precision=DOT_PRECISION).to(b1.dtype.element_ty))
