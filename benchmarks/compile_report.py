@@ -82,7 +82,7 @@ def main():
     common = dict(K=D, V=D, BT=BT, IS_VARLEN=True)
     stage1 = dict(common, LOG2_BT=BT.bit_length() - 1, USE_L2NORM=True, USE_GATE=True, USE_BETA_SIGMOID=True,
                   HAS_A_LOG=True, HAS_DT_BIAS=True, DOT_PRECISION="tf32", MM_DTYPE=tl.bfloat16, INTERPRET=False)
-    stage2 = dict(common, BV=64, HAS_H0=True, STORE_HT=True, B1_BY_PRODUCT=True, INTERPRET=False)
+    stage2 = dict(common, BV=64, HAS_H0=True, STORE_HT=True, INTERPRET=False)
     print(f"stage 1 (BT={BT}, D={D}, {args.warps} warps): "
           + report(_chunk_prepare_kernel, stage1, args.warps, 1))
     print(f"stage 2 (BT={BT}, D={D}, {args.warps} warps, 3 stages): "

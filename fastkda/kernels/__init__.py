@@ -113,7 +113,7 @@ def run_recurrence(st: Stage1, *, out, initial_state, final_state, cu_seqlens, s
         s_state_k, s_state_v,
         HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
         IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
-        B1_BY_PRODUCT=st.b1.dtype != torch.float32, INTERPRET=_interpreting(),
+        INTERPRET=_interpreting(),
         num_warps=STAGE2_WARPS, num_stages=STAGE2_STAGES if st.a1.dtype == torch.bfloat16 else 1,
     )
 

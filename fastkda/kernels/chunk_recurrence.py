@@ -9,13 +9,12 @@ each program owns the block S[:, block]. Per chunk of BT tokens, with the stage-
 
 so the dependent chain of a chunk is two matrix products. The program works on the transposes,
 
-    Yᵀ = b1ᵀ + Sᵀ · a1ᵀ  (columns Uᵀ, Oᵀ alternate),    Sᵀ = Sᵀ · diag(gl) + Yᵀ · Kt₀,
+    Yᵀ = b1ᵀ + Sᵀ · a1ᵀ  (columns Uᵀ, Oᵀ alternate),    Sᵀ = Sᵀ · diag(gl) + Uᵀ · Kt,
 
 where every product has M = BV = 64 rows, the shape of Hopper's warpgroup matrix instruction, and its left
-operand (Sᵀ or Yᵀ) is the result of the previous product: it stays in registers. Kt₀ is Kt with a zero row
-after each row (the O columns of Yᵀ meet zeros), so Yᵀ is used whole, in the register layout the product
-left it in; the outputs are its odd columns, which each thread holds next to the even ones.
-Products take Sᵀ and Yᵀ rounded to the stage-1 tensor dtype (bf16) with fp32 accumulation; the state itself
+operand (Sᵀ or Uᵀ) is the result of the previous product: it stays in registers. Interleaving puts each
+thread's U and O values side by side in the product's register layout, so separating them costs nothing.
+Products take Sᵀ and Uᵀ rounded to the stage-1 tensor dtype (bf16) with fp32 accumulation; the state itself
 stays fp32 from the initial state to the final state.
 """
 
@@ -33,8 +32,7 @@ def _chunk_recurrence_kernel(
     T, NC,
     s_state_k, s_state_v,
     HV, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, B1_BY_PRODUCT: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
@@ -65,30 +63,19 @@ def _chunk_recurrence_kernel(
     blk0 = (i_hv * NC + c_first).to(tl.int64)
     p_a1 = a1 + blk0 * (2 * BT * K) + o_2t[:, None] * K + o_k[None, :]
     p_b1 = b1 + blk0 * (2 * BT * V) + o_2t[None, :] * V + o_v[:, None]                 # b1ᵀ
-    # Kt with a zero row after each of its rows (masked, not read): Yᵀ · that = Uᵀ · Kt, O columns dropped.
-    p_kt = kt + blk0 * (BT * K) + (o_2t // 2)[:, None] * K + o_k[None, :]
-    m_kt = (o_2t % 2 == 0)[:, None]
-    if B1_BY_PRODUCT:
-        eye = tl.where(tl.arange(0, BV)[:, None] == tl.arange(0, BV)[None, :], 1.0, 0.0).to(mm_dtype)
+    p_kt = kt + blk0 * (BT * K) + o_t[:, None] * K + o_k[None, :]
     for c in range(n_chunks):
         b_a1 = tl.load(p_a1 + c * (2 * BT * K))
         b_b1 = tl.load(p_b1 + c * (2 * BT * V))
-        b_kt = tl.load(p_kt + c * (BT * K), mask=m_kt, other=0.0)
+        b_kt = tl.load(p_kt + c * (BT * K))
         b_gl = tl.load(gl + ((c_first + c) * HV + i_hv) * K + o_k)
 
-        # Yᵀ = b1ᵀ + Sᵀ·a1ᵀ, columns U0, O0, U1, O1, ... With bf16 stage tensors b1ᵀ enters as I·b1ᵀ (exact):
-        # the product reads it from shared memory where an addition would first reshuffle it in registers.
-        if B1_BY_PRODUCT:
-            b_yt = _mm(eye, b_b1, INTERPRET)
-        else:
-            b_yt = b_b1.to(tl.float32)
-        b_yt += _mm(b_st.to(mm_dtype), tl.trans(b_a1), INTERPRET)
-        b_ymm = b_yt.to(mm_dtype)
+        b_yt = b_b1.to(tl.float32) + _mm(b_st.to(mm_dtype), tl.trans(b_a1), INTERPRET)    # columns U0, O0, U1, ..
+        b_ut, b_ot = tl.split(tl.reshape(b_yt, (BV, BT, 2)))
         rows = bos + c * BT + o_t
-        b_ot = tl.split(tl.reshape(b_yt, (BV, BT, 2)))[1]
         tl.store(o + (rows * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
                  mask=(rows < eos)[None, :])
-        b_st = b_st * b_gl[None, :] + _mm(b_ymm, b_kt, INTERPRET)
+        b_st = b_st * b_gl[None, :] + _mm(b_ut.to(mm_dtype), b_kt, INTERPRET)
 
     if STORE_HT:
         tl.store(ht + p_state, b_st.to(ht.dtype.element_ty))
