@@ -65,7 +65,9 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     check_index_range(T_total, H, HV, K, V, cu_seqlens.numel() - 1 if varlen else B, BT)
     if varlen:
         N = cu_seqlens.numel() - 1
-        n_chunks = triton.cdiv(T_total, BT) + N      # upper bound: each sequence adds <= 1 partial chunk
+        # Upper bound (each sequence adds at most one partial chunk); also strictly more slots than chunks in
+        # use, so the slot where an empty sequence would start exists (stage 2 prefetches from it).
+        n_chunks = triton.cdiv(T_total, BT) + N
         chunk_offsets = torch.empty(N + 1, dtype=torch.int32, device=device)
         _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, N, BT=BT, BLOCK=1024)
     else:

@@ -64,11 +64,20 @@ def _chunk_recurrence_kernel(
     p_a1 = a1 + blk0 * (2 * BT * K) + o_2t[:, None] * K + o_k[None, :]
     p_b1 = b1 + blk0 * (2 * BT * V) + o_2t[None, :] * V + o_v[:, None]                 # b1ᵀ
     p_kt = kt + blk0 * (BT * K) + o_t[:, None] * K + o_k[None, :]
+    # b1 and gl feed element-wise work, which Triton's pipeliner does not prefetch: their loads are issued one
+    # chunk ahead by hand, else each chunk would wait a full memory latency on its decay (measured: 40% of
+    # stage 2's stall samples sat on that load).
+    p_gl = gl + (c_first * HV + i_hv) * K + o_k
+    b_b1_next = tl.load(p_b1)          # slot c_first exists even for an empty sequence (kernels/__init__.py)
+    b_gl_next = tl.load(p_gl)
     for c in range(n_chunks):
         b_a1 = tl.load(p_a1 + c * (2 * BT * K))
-        b_b1 = tl.load(p_b1 + c * (2 * BT * V))
         b_kt = tl.load(p_kt + c * (BT * K))
-        b_gl = tl.load(gl + ((c_first + c) * HV + i_hv) * K + o_k)
+        b_b1 = b_b1_next
+        b_gl = b_gl_next
+        c_next = tl.minimum(c + 1, n_chunks - 1)                      # the last chunk reloads itself
+        b_b1_next = tl.load(p_b1 + c_next * (2 * BT * V))
+        b_gl_next = tl.load(p_gl + c_next * (HV * K))
 
         b_yt = b_b1.to(tl.float32) + _mm(b_st.to(mm_dtype), tl.trans(b_a1), INTERPRET)    # columns U0, O0, U1, ..
         b_ut, b_ot = tl.split(tl.reshape(b_yt, (BV, BT, 2)))
