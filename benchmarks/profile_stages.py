@@ -40,7 +40,7 @@ def median_ms(fn, warmup=10, repeats=100):
 def stage_bytes(T, H, D, N):
     bf, f32 = 2, 4
     inputs = T * H * (4 * D * bf + bf)
-    stage1_out = T * H * 5 * D * bf                               # a1, b1 (2 D each per token), kt
+    stage1_out = T * H * (4 * D + CHUNK_SIZE) * bf                # a1 (2 D per token), b1, kt, aqk
     chunks = (T + CHUNK_SIZE - 1) // CHUNK_SIZE + N
     gl = chunks * H * D * f32
     state = 2 * N * H * D * D * f32

@@ -1,7 +1,7 @@
 """Triton launcher for the KDA forward: two kernels, no host-device synchronisation.
 
     stage 0 (varlen only)  _chunk_offsets_kernel      chunk offsets of the packed sequences (1 program)
-    stage 1                _chunk_prepare_kernel      per (chunk, value head): a1, b1, kt, gl
+    stage 1                _chunk_prepare_kernel      per (chunk, value head): a1, b1, aqk, kt, gl
     stage 2                _chunk_recurrence_kernel   per (value block, sequence, value head): out, state
 
 Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
@@ -42,6 +42,7 @@ class Stage1(NamedTuple):
 
     a1: torch.Tensor
     b1: torch.Tensor
+    aqk: torch.Tensor
     kt: torch.Tensor
     gl: torch.Tensor
     chunk_offsets: Optional[torch.Tensor]
@@ -77,7 +78,8 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     sdt = stage_dtype(q.dtype)
     slots = max(n_chunks, 1)
     st = Stage1(a1=torch.empty(HV, slots, 2 * BT, K, dtype=sdt, device=device),
-                b1=torch.empty(HV, slots, 2 * BT, V, dtype=sdt, device=device),
+                b1=torch.empty(HV, slots, BT, V, dtype=sdt, device=device),
+                aqk=torch.empty(HV, slots, BT, BT, dtype=sdt, device=device),
                 kt=torch.empty(HV, slots, BT, K, dtype=sdt, device=device),
                 gl=torch.empty(slots, HV, K, dtype=torch.float32, device=device),
                 chunk_offsets=chunk_offsets, n_chunks=n_chunks, N=N)
@@ -85,7 +87,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
         # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
         _chunk_prepare_kernel[(n_chunks, HV)](
             q, k, v, g, beta, A_log, dt_bias,
-            st.a1, st.b1, st.kt, st.gl,
+            st.a1, st.b1, st.aqk, st.kt, st.gl,
             cu_seqlens, chunk_offsets,
             T, N, slots, scale, 0.0 if lower_bound is None else lower_bound,
             H, HV, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, search_steps=max(1, N.bit_length()),
@@ -108,7 +110,7 @@ def run_recurrence(st: Stage1, *, out, initial_state, final_state, cu_seqlens, s
     BV = min(VALUE_BLOCK, V)
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
     _chunk_recurrence_kernel[(V // BV, st.N * HV)](
-        st.a1, st.b1, st.kt, st.gl,
+        st.a1, st.b1, st.aqk, st.kt, st.gl,
         initial_state, final_state, out,
         cu_seqlens, st.chunk_offsets,
         T, st.a1.shape[1],

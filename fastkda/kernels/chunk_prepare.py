@@ -8,17 +8,17 @@ log-decay (the fused gate) and β the beta sigmoid, G = the within-chunk cumulat
     W    = T · diag(β) · (k̂ ⊙ e^G),          U0 = T · diag(β) · V
     Aqk  = tril(scale · [q̂_i·(k̂_j ⊙ e^{G_i − G_j})]_ij),   Qg = scale · q̂ ⊙ e^G
 
-and stores, per chunk, two blocks the recurrence stage multiplies by the state, plus the decay:
+and stores, per chunk (padding rows of a sequence's last chunk included):
 
-    a1   = rows of −W and of Qg − Aqk·W, interleaved (row 2i, row 2i + 1)    [HV, chunks, 2·BT, K]
-    b1   = rows of U0 and of Aqk·U0, interleaved                              [HV, chunks, 2·BT, V]
-    kt   = k̂ ⊙ e^{G_last − G}                                                 [HV, chunks, BT, K]
-    gl   = e^{G_last}                                                         [chunks, HV, K]
+    a1   = rows of −W and of Qg, interleaved (row 2i, row 2i + 1)    [HV, chunks, 2·BT, K]
+    b1   = U0                                                        [HV, chunks, BT, V]
+    aqk  = Aqk                                                       [HV, chunks, BT, BT]
+    kt   = k̂ ⊙ e^{G_last − G}                                        [HV, chunks, BT, K]
+    gl   = e^{G_last}                                                [chunks, HV, K]
 
-With the chunk's state S, the corrected values are U = U0 − W·S and the outputs O = Qg·S + Aqk·U =
-(Qg − Aqk·W)·S + Aqk·U0, so b1 + a1·S gives U and O, interleaved, in ONE product of the state
-(chunk_recurrence.py), and S = diag(gl)·S + Ktᵀ·U. Chunks are stored whole, padding rows of a
-sequence's last chunk included (they are zero: k̂ = q̂ = β = 0 there), so the recurrence reads them unmasked.
+With the chunk's state S, the recurrence (chunk_recurrence.py) forms U = U0 − W·S and Qg·S together, as
+a1·S, one product of the state; then O = Qg·S + Aqk·U and S = diag(gl)·S + Ktᵀ·U, two products of U.
+Padding rows are zero (k̂ = q̂ = β = 0 there), so the recurrence reads whole chunks without masks.
 
 Numerics. G is accumulated in base 2 (log2(e)·a), so each exponential is one ex2 instruction (fastmath.py).
 e^{G_i − G_j} is formed as a product e^{G_i − r}·e^{r − G_j}, which needs both factors inside the fp32 (and
@@ -82,7 +82,7 @@ def _log2_decay(g_rows, A_log, dt_bias, i_hv, o_k, lower_bound,
 @triton.jit
 def _chunk_prepare_kernel(
     q, k, v, g, beta, A_log, dt_bias,
-    a1, b1, kt, gl,
+    a1, b1, aqk, kt, gl,
     cu_seqlens, chunk_offsets,
     T, N, NC, scale, lower_bound,
     H, HV, K: tl.constexpr, V: tl.constexpr,
@@ -150,11 +150,14 @@ def _chunk_prepare_kernel(
     k_neg = k_neg.to(MM_DTYPE)
     e_pos = _exp2(b_G - r_mid[None, :], INTERPRET)                                # e^{G − r}
 
-    # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})) and Qg = scale · q̂ ⊙ e^{G − r} · e^{r}, kept for later.
+    # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})) and Qg = scale · q̂ ⊙ e^{G − r} · e^{r}, both stored now;
+    # Qg goes to the odd rows of a1.
+    p_a1 = a1 + blk * (2 * BT * K) + (2 * o_t)[:, None] * K + o_k[None, :]
     q_pos = b_q * e_pos
     b_aqk = _mm(q_pos.to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
     b_aqk = tl.where(o_t[None, :] <= o_t[:, None], b_aqk * scale, 0.0)
-    b_qg = q_pos * (e_r * scale)[None, :]
+    tl.store(aqk + blk * (BT * BT) + o_t[:, None] * BT + o_t[None, :], b_aqk.to(aqk.dtype.element_ty))
+    tl.store(p_a1 + K, (q_pos * (e_r * scale)[None, :]).to(a1.dtype.element_ty))
 
     # L = strict_tril(diag(β) · k̂_i·(k̂_j ⊙ e^{G_i − G_j})); the right side of W, diag(β)·(k̂ ⊙ e^G), kept.
     k_pos = b_k * e_pos
@@ -171,13 +174,8 @@ def _chunk_prepare_kernel(
         b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
         b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
 
-    # a1 rows: −W (even), Qg − Aqk·W (odd); b1 rows: U0 (even), Aqk·U0 (odd). Each stored once formed.
-    p_a1 = a1 + blk * (2 * BT * K) + (2 * o_t)[:, None] * K + o_k[None, :]
-    b_w = tl.dot(b_T, k_beta, input_precision=DOT_PRECISION)
-    tl.store(p_a1, (-b_w).to(a1.dtype.element_ty))
-    tl.store(p_a1 + K, (b_qg - tl.dot(b_aqk, b_w, input_precision=DOT_PRECISION)).to(a1.dtype.element_ty))
+    # −W to the even rows of a1, U0 to b1.
+    tl.store(p_a1, (-tl.dot(b_T, k_beta, input_precision=DOT_PRECISION)).to(a1.dtype.element_ty))
     b_v = _load_rows(v, rows * HV + i_hv, V, o_v, m_t)
-    p_b1 = b1 + blk * (2 * BT * V) + (2 * o_t)[:, None] * V + o_v[None, :]
     b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
-    tl.store(p_b1, b_u.to(b1.dtype.element_ty))
-    tl.store(p_b1 + V, tl.dot(b_aqk, b_u, input_precision=DOT_PRECISION).to(b1.dtype.element_ty))
+    tl.store(b1 + blk * (BT * V) + o_t[:, None] * V + o_v[None, :], b_u.to(b1.dtype.element_ty))

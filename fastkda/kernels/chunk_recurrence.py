@@ -1,19 +1,20 @@
 """Stage 2, sequential over chunks: carry the state S through a sequence and produce the outputs.
 
 One program per (value-column block of BV, sequence, value head): the recurrence is separable along V, so
-each program owns the block S[:, block]. Per chunk of BT tokens, with the stage-1 blocks of chunk_prepare.py
-(a1: rows of −W and Qg − Aqk·W interleaved; b1: rows of U0 and Aqk·U0 interleaved; kt; gl):
+each program owns the block S[:, block]. Per chunk of BT tokens, with the stage-1 tensors of chunk_prepare.py
+(a1: rows of −W and Qg interleaved; b1 = U0; aqk; kt; gl):
 
-    b1 + a1 · S = rows of U and O, interleaved   (corrected values and outputs of the chunk)
-    S = diag(gl) · S + Ktᵀ · U                   (state at the end of the chunk)
+    a1 · S = rows of −W·S and Qg·S, interleaved     (one product of the state)
+    U = U0 − W·S                                     (corrected values of the chunk)
+    S = diag(gl) · S + Ktᵀ · U,   O = Qg·S + Aqk · U  (two products of U, issued together)
 
 so the dependent chain of a chunk is two matrix products. The program works on the transposes,
 
-    Yᵀ = b1ᵀ + Sᵀ · a1ᵀ  (columns Uᵀ, Oᵀ alternate),    Sᵀ = Sᵀ · diag(gl) + Uᵀ · Kt,
+    Sᵀ·a1ᵀ,   Sᵀ = Sᵀ · diag(gl) + Uᵀ · Kt,   Oᵀ = (Qg·S)ᵀ + Uᵀ · Aqkᵀ,
 
 where every product has M = BV = 64 rows, the shape of Hopper's warpgroup matrix instruction, and its left
 operand (Sᵀ or Uᵀ) is the result of the previous product: it stays in registers. Interleaving puts each
-thread's U and O values side by side in the product's register layout, so separating them costs nothing.
+thread's W·S and Qg·S values side by side in the product's register layout, so separating them costs nothing.
 Products take Sᵀ and Uᵀ rounded to the stage-1 tensor dtype (bf16) with fp32 accumulation; the state itself
 stays fp32 from the initial state to the final state.
 """
@@ -26,7 +27,7 @@ from .matmul import _mm
 
 @triton.jit
 def _chunk_recurrence_kernel(
-    a1, b1, kt, gl,
+    a1, b1, aqk, kt, gl,
     h0, ht, o,
     cu_seqlens, chunk_offsets,
     T, NC,
@@ -62,29 +63,33 @@ def _chunk_recurrence_kernel(
     mm_dtype = a1.dtype.element_ty
     blk0 = (i_hv * NC + c_first).to(tl.int64)
     p_a1 = a1 + blk0 * (2 * BT * K) + o_2t[:, None] * K + o_k[None, :]
-    p_b1 = b1 + blk0 * (2 * BT * V) + o_2t[None, :] * V + o_v[:, None]                 # b1ᵀ
+    p_b1 = b1 + blk0 * (BT * V) + o_t[None, :] * V + o_v[:, None]                     # U0ᵀ
+    p_aqk = aqk + blk0 * (BT * BT) + o_t[:, None] * BT + o_t[None, :]
     p_kt = kt + blk0 * (BT * K) + o_t[:, None] * K + o_k[None, :]
-    # b1 and gl feed element-wise work, which Triton's pipeliner does not prefetch: their loads are issued one
+    # U0 and gl feed element-wise work, which Triton's pipeliner does not prefetch: their loads are issued one
     # chunk ahead by hand, else each chunk would wait a full memory latency on its decay (measured: 40% of
     # stage 2's stall samples sat on that load).
     p_gl = gl + (c_first * HV + i_hv) * K + o_k
-    b_b1_next = tl.load(p_b1)          # slot c_first exists even for an empty sequence (kernels/__init__.py)
+    b_u0_next = tl.load(p_b1)          # slot c_first exists even for an empty sequence (kernels/__init__.py)
     b_gl_next = tl.load(p_gl)
     for c in range(n_chunks):
         b_a1 = tl.load(p_a1 + c * (2 * BT * K))
+        b_aqk = tl.load(p_aqk + c * (BT * BT))
         b_kt = tl.load(p_kt + c * (BT * K))
-        b_b1 = b_b1_next
+        b_u0 = b_u0_next
         b_gl = b_gl_next
         c_next = tl.minimum(c + 1, n_chunks - 1)                      # the last chunk reloads itself
-        b_b1_next = tl.load(p_b1 + c_next * (2 * BT * V))
+        b_u0_next = tl.load(p_b1 + c_next * (BT * V))
         b_gl_next = tl.load(p_gl + c_next * (HV * K))
 
-        b_yt = b_b1.to(tl.float32) + _mm(b_st.to(mm_dtype), tl.trans(b_a1), INTERPRET)    # columns U0, O0, U1, ..
-        b_ut, b_ot = tl.split(tl.reshape(b_yt, (BV, BT, 2)))
+        # Sᵀ·a1ᵀ: columns −(W·S)ᵀ and (Qg·S)ᵀ alternate; each thread holds pairs side by side.
+        b_ws, b_qs = tl.split(tl.reshape(_mm(b_st.to(mm_dtype), tl.trans(b_a1), INTERPRET), (BV, BT, 2)))
+        b_umm = (b_u0.to(tl.float32) + b_ws).to(mm_dtype)                                  # Uᵀ
+        b_st = b_st * b_gl[None, :] + _mm(b_umm, b_kt, INTERPRET)
+        b_ot = b_qs + _mm(b_umm, tl.trans(b_aqk), INTERPRET)
         rows = bos + c * BT + o_t
         tl.store(o + (rows * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
                  mask=(rows < eos)[None, :])
-        b_st = b_st * b_gl[None, :] + _mm(b_ut.to(mm_dtype), b_kt, INTERPRET)
 
     if STORE_HT:
         tl.store(ht + p_state, b_st.to(ht.dtype.element_ty))
