@@ -1,6 +1,7 @@
 """Triton launcher for the KDA forward: two kernels, no host-device synchronisation.
 
     stage 0 (varlen only)  _chunk_offsets_kernel      chunk offsets of the packed sequences (1 program)
+                           _chunk_rows_kernel         token range of every chunk slot
     stage 1                _chunk_prepare_kernel      per (chunk, value head): a1, b1, aqk, kt, gl
     stage 2                _chunk_recurrence_kernel   per (value block, sequence, value head): out, state
 
@@ -20,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..checks import check_index_range
-from .chunk_prepare import _chunk_offsets_kernel, _chunk_prepare_kernel
+from .chunk_prepare import _chunk_offsets_kernel, _chunk_prepare_kernel, _chunk_rows_kernel
 from .chunk_recurrence import _chunk_recurrence_kernel
 
 CHUNK_SIZE = 32      # BT: tokens per chunk (a power of two, 16 or 32: chunk_prepare.py gives the bound)
@@ -71,10 +72,13 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
         n_chunks = triton.cdiv(T_total, BT) + N
         chunk_offsets = torch.empty(N + 1, dtype=torch.int32, device=device)
         _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, N, BT=BT, BLOCK=1024)
+        chunk_rows = torch.empty(2 * n_chunks, dtype=torch.int32, device=device)
+        _chunk_rows_kernel[(triton.cdiv(n_chunks, 256),)](cu_seqlens, chunk_offsets, chunk_rows, N, n_chunks,
+                                                           max(1, N.bit_length()), BT=BT, BLOCK=256)
     else:
         N = B
         n_chunks = B * triton.cdiv(T, BT)
-        chunk_offsets = None
+        chunk_offsets = chunk_rows = None
     sdt = stage_dtype(q.dtype)
     slots = max(n_chunks, 1)
     st = Stage1(a1=torch.empty(HV, slots, 2 * BT, K, dtype=sdt, device=device),
@@ -88,9 +92,9 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
         _chunk_prepare_kernel[(n_chunks, HV)](
             q, k, v, g, beta, A_log, dt_bias,
             st.a1, st.b1, st.aqk, st.kt, st.gl,
-            cu_seqlens, chunk_offsets,
-            T, N, slots, scale, 0.0 if lower_bound is None else lower_bound,
-            H, HV, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, search_steps=max(1, N.bit_length()),
+            chunk_rows,
+            T, slots, scale, 0.0 if lower_bound is None else lower_bound,
+            H, HV, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1,
             IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm, USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid,
             HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
             DOT_PRECISION="ieee" if _interpreting() else "tf32",

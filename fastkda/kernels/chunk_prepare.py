@@ -58,6 +58,28 @@ def _chunk_offsets_kernel(cu_seqlens, chunk_offsets, N, BT: tl.constexpr, BLOCK:
 
 
 @triton.jit
+def _chunk_rows_kernel(cu_seqlens, chunk_offsets, chunk_rows, N, n_slots, search_steps, BT: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """chunk_rows[2 c], chunk_rows[2 c + 1] = first token and end of the sequence of chunk slot c (slots past
+    the last chunk get an empty range). One lookup table, so that stage 1 finds its rows with one load
+    instead of a binary search of dependent loads (measured: 8% of stage 1 on 8 packed sequences)."""
+    c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lo = tl.zeros([BLOCK], dtype=tl.int32)
+    hi = tl.zeros([BLOCK], dtype=tl.int32) + (N - 1)
+    for _ in range(search_steps):  # largest n with chunk_offsets[n] <= c
+        mid = (lo + hi + 1) // 2
+        ok = tl.load(chunk_offsets + mid) <= c
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    used = c < tl.load(chunk_offsets + N)
+    t0 = tl.load(cu_seqlens + lo).to(tl.int32) + (c - tl.load(chunk_offsets + lo)) * BT
+    eos = tl.load(cu_seqlens + lo + 1).to(tl.int32)
+    m = c < n_slots
+    tl.store(chunk_rows + 2 * c, tl.where(used, t0, 0), mask=m)
+    tl.store(chunk_rows + 2 * c + 1, tl.where(used, eos, 0), mask=m)
+
+
+@triton.jit
 def _load_rows(ptr, rows, row_stride, cols, mask):
     return tl.load(ptr + rows[:, None] * row_stride + cols[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
 
@@ -83,10 +105,10 @@ def _log2_decay(g_rows, A_log, dt_bias, i_hv, o_k, lower_bound,
 def _chunk_prepare_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     a1, b1, aqk, kt, gl,
-    cu_seqlens, chunk_offsets,
-    T, N, NC, scale, lower_bound,
+    chunk_rows,
+    T, NC, scale, lower_bound,
     H, HV, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, LOG2_BT: tl.constexpr, search_steps,
+    BT: tl.constexpr, LOG2_BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, USE_BETA_SIGMOID: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, MM_DTYPE: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -97,23 +119,12 @@ def _chunk_prepare_kernel(
 
     # Locate the chunk: sequence n and its first token t0; rows at or past eos are padding.
     if IS_VARLEN:
-        lo = 0
-        hi = N - 1
-        for _ in range(search_steps):  # largest n with chunk_offsets[n] <= i_c
-            mid = (lo + hi + 1) // 2
-            ok = tl.load(chunk_offsets + mid) <= i_c
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid - 1)
-        n = lo
-        bos = tl.load(cu_seqlens + n).to(tl.int32)
-        eos = tl.load(cu_seqlens + n + 1).to(tl.int32)
-        t0 = bos + (i_c - tl.load(chunk_offsets + n)) * BT
+        t0 = tl.load(chunk_rows + 2 * i_c)
+        eos = tl.load(chunk_rows + 2 * i_c + 1)
     else:
         NT = tl.cdiv(T, BT)
-        n = i_c // NT
-        bos = n * T
-        eos = bos + T
-        t0 = bos + (i_c % NT) * BT
+        eos = (i_c // NT + 1) * T
+        t0 = eos - T + (i_c % NT) * BT
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)
@@ -169,8 +180,8 @@ def _chunk_prepare_kernel(
     b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32)
     b_T -= tl.where((o_t[:, None] // 2 == o_t[None, :] // 2), b_L, 0.0)              # b = 1 needs no product
     for lvl in tl.static_range(1, LOG2_BT):                                          # b = 2, 4, ..., BT / 2
-        b_C = tl.where((o_t[:, None] >> (lvl + 1)) == (o_t[None, :] >> (lvl + 1)), b_L, 0.0)
-        b_C = tl.where((o_t[:, None] >> lvl) != (o_t[None, :] >> lvl), b_C, 0.0)
+        # C_b: pairs in one block of 2b, in different halves of it (rows i, j differ first at bit lvl).
+        b_C = tl.where(((o_t[:, None] ^ o_t[None, :]) >> lvl) == 1, b_L, 0.0)
         b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
         b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
 
