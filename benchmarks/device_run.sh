@@ -24,5 +24,6 @@ python3 -m fastkda.validation --device cuda --size full --json "$OUT/validation.
 tail -3 "$OUT/validation.log"
 python3 -m fastkda.bench $peers --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
 tail -16 "$OUT/bench.log"
-python3 -m pytest -q tests -k "not full_validation" 2>&1 | tail -3 || status=1
+python3 -m pytest -q tests -k "not full_validation" > "$OUT/pytest.log" 2>&1 || status=1
+tail -3 "$OUT/pytest.log"
 exit $status
