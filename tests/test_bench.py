@@ -407,3 +407,12 @@ def test_cli_exit_status_when_fastkda_is_invalid(tmp_path, monkeypatch):
     assert rc == 1
     d = json.loads((tmp_path / "x.json").read_text())
     assert d["tasks"][0]["results"]["fastkda"]["status"] == "invalid"
+
+
+def test_named_commit_wins_over_a_stale_git_folder(monkeypatch):
+    # A copied working tree can carry an old .git: the commit its copier names is the one recorded.
+    monkeypatch.setenv("FASTKDA_GIT_COMMIT", "0123456789abcdef")
+    assert report.git_commit() == "0123456789abcdef"
+    assert report.git_dirty() is None
+    monkeypatch.delenv("FASTKDA_GIT_COMMIT")
+    assert report.git_commit() != "0123456789abcdef"

@@ -110,14 +110,21 @@ def _run(cmd: List[str], cwd: Optional[str] = None) -> Optional[str]:
 
 
 def git_commit() -> str:
-    """``git rev-parse HEAD`` of the checkout fastkda is imported from; where the code travelled without its
-    git folder (a copied working tree), ``FASTKDA_GIT_COMMIT`` names it; else "unknown"."""
+    """The commit the code comes from: ``FASTKDA_GIT_COMMIT`` when set (a copied working tree can carry a stale
+    git folder: the caller who copied it knows better), else ``git rev-parse HEAD`` of the checkout fastkda
+    is imported from, else "unknown"."""
+    named = os.environ.get("FASTKDA_GIT_COMMIT")
+    if named:
+        return named
     here = str(Path(__file__).resolve().parent)
-    return _run(["git", "rev-parse", "HEAD"], cwd=here) or os.environ.get("FASTKDA_GIT_COMMIT", "unknown")
+    return _run(["git", "rev-parse", "HEAD"], cwd=here) or "unknown"
 
 
 def git_dirty() -> Optional[bool]:
-    """Whether tracked files differ from that commit (None without git)."""
+    """Whether tracked files differ from that commit (None without git, or when the commit was named by
+    ``FASTKDA_GIT_COMMIT``: the local git folder then says nothing about it)."""
+    if os.environ.get("FASTKDA_GIT_COMMIT"):
+        return None
     here = str(Path(__file__).resolve().parent)
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
