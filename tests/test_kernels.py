@@ -171,3 +171,24 @@ def test_problems_beyond_32_bit_offsets_are_rejected_before_any_launch():
     check_index_range(170_000, 96, 96, 128, 128, 1, 32)          # just inside: accepted
     with pytest.raises(ValueError, match="initial_state"):
         check_index_range(1000, 96, 96, 128, 128, 1400, 32)       # 1400 states of 96 x 128 x 128
+
+
+@pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
+def test_chunk_tables_of_packed_sequences(cu_dtype):
+    # Stage 1 finds its rows in these tables; every slot must name its sequence's range, and slots past the
+    # last chunk an empty one (stage 1 then writes zeros there), including the slot after the last chunk.
+    from fastkda.kernels import CHUNK_SIZE as BT, chunk_tables
+    lens = [0, 1, BT, BT + 1, 0, 3 * BT, 5, 0]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=cu_dtype, device=DEVICE)
+    slots, offsets, rows = chunk_tables(cu, sum(lens))
+    expect_rows, expect_offsets, start = [], [0], 0
+    for n in lens:
+        chunks = -(-n // BT)
+        expect_rows += [(start + c * BT, start + n) for c in range(chunks)]
+        expect_offsets.append(expect_offsets[-1] + chunks)
+        start += n
+    assert slots == -(-sum(lens) // BT) + len(lens) and slots > len(expect_rows)
+    assert offsets.cpu().tolist() == expect_offsets
+    pairs = rows.cpu().view(-1, 2).tolist()
+    assert [tuple(p) for p in pairs[:len(expect_rows)]] == expect_rows
+    assert all(t0 == eos == 0 for t0, eos in pairs[len(expect_rows):])

@@ -55,6 +55,26 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def chunk_tables(cu_seqlens: torch.Tensor, T_total: int):
+    """Chunk bookkeeping of packed sequences, built on the device (no synchronisation).
+
+    Returns (slots, chunk_offsets, chunk_rows): ``slots`` = ceil(T_total / BT) + N bounds the number of chunks
+    (each sequence adds at most one partial chunk) and is strictly larger than it, so the slot where an empty
+    sequence would start exists (stage 2 prefetches from it); ``chunk_offsets[n]`` = first chunk slot of
+    sequence n (N + 1 entries); ``chunk_rows[2c], chunk_rows[2c + 1]`` = first token and end of the sequence
+    of slot c, an empty range for slots past the last chunk.
+    """
+    N = cu_seqlens.numel() - 1
+    BT = CHUNK_SIZE
+    slots = triton.cdiv(T_total, BT) + N
+    chunk_offsets = torch.empty(N + 1, dtype=torch.int32, device=cu_seqlens.device)
+    _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, N, BT=BT, BLOCK=1024)
+    chunk_rows = torch.empty(2 * slots, dtype=torch.int32, device=cu_seqlens.device)
+    _chunk_rows_kernel[(triton.cdiv(slots, 256),)](cu_seqlens, chunk_offsets, chunk_rows, N, slots,
+                                                    max(1, N.bit_length()), BT=BT, BLOCK=256)
+    return slots, chunk_offsets, chunk_rows
+
+
 def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm,
                    use_gate, use_beta_sigmoid) -> Stage1:
     """Stage 0 and stage 1: allocate and fill the per-chunk tensors."""
@@ -67,14 +87,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     check_index_range(T_total, H, HV, K, V, cu_seqlens.numel() - 1 if varlen else B, BT)
     if varlen:
         N = cu_seqlens.numel() - 1
-        # Upper bound (each sequence adds at most one partial chunk); also strictly more slots than chunks in
-        # use, so the slot where an empty sequence would start exists (stage 2 prefetches from it).
-        n_chunks = triton.cdiv(T_total, BT) + N
-        chunk_offsets = torch.empty(N + 1, dtype=torch.int32, device=device)
-        _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, N, BT=BT, BLOCK=1024)
-        chunk_rows = torch.empty(2 * n_chunks, dtype=torch.int32, device=device)
-        _chunk_rows_kernel[(triton.cdiv(n_chunks, 256),)](cu_seqlens, chunk_offsets, chunk_rows, N, n_chunks,
-                                                           max(1, N.bit_length()), BT=BT, BLOCK=256)
+        n_chunks, chunk_offsets, chunk_rows = chunk_tables(cu_seqlens, T_total)
     else:
         N = B
         n_chunks = B * triton.cdiv(T, BT)
