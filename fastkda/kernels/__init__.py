@@ -6,8 +6,9 @@
     stage 2                _chunk_recurrence_kernel   per (value block, sequence, value head): out, state
 
 Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
-columns in stage 2, 4 warps, three pipeline stages for stage 2's loads (one for fp32 stage tensors, whose
-tiles would not fit shared memory three deep). Why these values: docs/perf-notes.md (measured on an H200).
+columns in stage 2, 4 warps, stage 1 capped at 168 registers (three programs per SM), three pipeline stages
+for stage 2's loads (one for fp32 stage tensors, whose tiles would not fit shared memory three deep). Why
+these values: docs/perf-notes.md (measured on an H200).
 Arguments are assumed checked (fastkda.checks); this module only allocates the stage-1 tensors and launches.
 """
 
