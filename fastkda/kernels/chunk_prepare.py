@@ -30,9 +30,7 @@ those times per-channel factors.
 Pairs j > i may overflow to inf/NaN; they are discarded by selection (tl.where), never used.
 T is built by block doubling: if T_b inverts I + L restricted to diagonal blocks of size b, the blocks of
 size 2b are inverted by T_2b = T_b − T_b·C_b·T_b, C_b the part of L linking the two halves of each 2b block.
-That is exact algebra (no series), in tf32 products; T_1 = I. The levels inside the two 16-row halves run as
-batched [2, 16, 16] products (half the work of full-tile products; a warp loads one block's operands), the
-last level on the full tile.
+That is exact algebra (no series), in tf32 products; T_1 = I.
 """
 
 import triton
@@ -134,12 +132,6 @@ def _chunk_prepare_kernel(
     rows = t0 + o_t
     m_t = rows < eos
 
-    p_v = v + (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-    if IS_VARLEN:
-        # The rows came from a table load; v's load issued now overlaps its latency with the work below
-        # (measured: stage 1 −2..3% packed; +1% fixed-length, whose rows need no load: there v comes last).
-        b_v = tl.load(p_v, mask=m_t[:, None], other=0.0)
-
     # Whole-chunk tiles: k̂, q̂ and the cumulative log-decay G (padding rows: k̂ = q̂ = 0, a = 0).
     b_k = _load_rows(k, rows * H + i_h, K, o_k, m_t)
     b_q = _load_rows(q, rows * H + i_h, K, o_k, m_t)
@@ -185,26 +177,16 @@ def _chunk_prepare_kernel(
     k_beta = k_pos * (e_r[None, :] * b_beta[:, None])
 
     # T = (I + L)^-1 by block doubling: T_1 = I, T_2b = T_b − T_b·C_b·T_b.
-    # Levels within the two 16-row halves as batched [2, 16, 16] products, the last level on the full tile.
-    HB: tl.constexpr = BT // 2
-    o2 = tl.arange(0, 2)
-    o_h = tl.arange(0, HB)
-    same = (o2[:, None, None, None] == o2[None, None, :, None])
-    L16 = tl.sum(tl.where(same, tl.reshape(b_L, (2, HB, 2, HB)), 0.0), 2)                 # diagonal blocks
-    xor_h = (o_h[:, None] ^ o_h[None, :])[None, :, :]
-    T16 = tl.where(xor_h == 0, 1.0, 0.0) - tl.where((xor_h >> 1) == 0, L16, 0.0)
-    for lvl in tl.static_range(1, LOG2_BT - 1):                                      # b = 2, 4, 8
-        C16 = tl.where((xor_h >> lvl) == 1, L16, 0.0)
-        TC16 = tl.dot(T16, C16, input_precision=DOT_PRECISION)
-        T16 -= tl.dot(TC16, T16, input_precision=DOT_PRECISION)
-    b_T = tl.reshape(tl.where(same, tl.reshape(T16, (2, HB, 1, HB)), 0.0), (BT, BT))
-    b_C = tl.where(((o_t[:, None] ^ o_t[None, :]) >> (LOG2_BT - 1)) == 1, b_L, 0.0)
-    b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
-    b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
+    b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32)
+    b_T -= tl.where((o_t[:, None] // 2 == o_t[None, :] // 2), b_L, 0.0)              # b = 1 needs no product
+    for lvl in tl.static_range(1, LOG2_BT):                                          # b = 2, 4, ..., BT / 2
+        # C_b: pairs in one block of 2b, in different halves of it (rows i, j differ first at bit lvl).
+        b_C = tl.where(((o_t[:, None] ^ o_t[None, :]) >> lvl) == 1, b_L, 0.0)
+        b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
+        b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
 
     # −W to the even rows of a1, U0 to b1.
     tl.store(p_a1, (-tl.dot(b_T, k_beta, input_precision=DOT_PRECISION)).to(a1.dtype.element_ty))
-    if not IS_VARLEN:
-        b_v = tl.load(p_v, mask=m_t[:, None], other=0.0)
-    b_u = tl.dot(b_T, b_v.to(tl.float32) * b_beta[:, None], input_precision=DOT_PRECISION)
+    b_v = _load_rows(v, rows * HV + i_hv, V, o_v, m_t)
+    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
     tl.store(b1 + blk * (BT * V) + o_t[:, None] * V + o_v[None, :], b_u.to(b1.dtype.element_ty))
