@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of fastkda's kernels for Hopper, compiled on a machine without a GPU.
 
-    python benchmarks/compile_report.py [--warps N] [--chunk 32] [--head-dim 128]
+    python benchmarks/compile_report.py [--warps N] [--chunk 32] [--head-dim 128] [--by-line N]
 
 Triton compiles the kernels for sm_90a without a device, with the launcher's settings (warps, register cap,
 pipeline depth) and the divisibility the JIT would see on the benchmark shapes; ptxas (from a CUDA toolkit
@@ -14,6 +14,7 @@ instructions Triton uses for sm_90a are older than both).
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import os
 import re
 import shutil
@@ -57,7 +58,7 @@ def _ptxas_version_limit(ptxas: str) -> str:
 NOT_DIVISIBLE = ("N", "scale", "lower_bound", "s_state_v")
 
 
-def report(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg=None) -> str:
+def compile_sm90(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg=None):
     names = kernel.arg_names
     signature = {n: (RUNTIME_TYPES[n] if n not in constexprs else "constexpr") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
@@ -67,7 +68,11 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg=No
     options = dict(num_warps=num_warps, num_stages=num_stages)
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
-    compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton_compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def report(compiled) -> str:
+    """ptxas's resource line for the kernel's PTX (the toolkit's ptxas, as a second opinion on Triton's)."""
     ptxas = _ptxas()
     ptx = re.sub(r"^\.version \d+\.\d+", f".version {_ptxas_version_limit(ptxas)}", compiled.asm["ptx"],
                  count=1, flags=re.M)
@@ -83,11 +88,54 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg=No
     return f"shared {compiled.metadata.shared} B; " + "; ".join(lines)
 
 
+# Bytes per thread moved by one shared- or local-memory instruction, by its width suffix.
+_WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "32": 4, "64": 8, "128": 16}
+_MATRIX = {"LDSM", "STSM"}       # ldmatrix / stmatrix: 4 bytes per thread per 8x8 matrix (.x1, .x2, .x4)
+
+
+def by_line(compiled, top: int) -> str:
+    """SASS instructions, shared/local-memory bytes per warp and barriers, per kernel source line.
+
+    Static counts (a loop body counts once) of straight-line code are a proxy for where the time goes, not a
+    measurement: the v11 variant of docs/perf-notes.md cut stage 1's count by 10% and ran 5% slower."""
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([nvdisasm, "-g", "-c", path], capture_output=True, text=True).stdout
+    count, smem, bars, where = Counter(), Counter(), Counter(), None
+    for ln in sass.splitlines():
+        m = re.search(r'//## File "([^"]+)", line (\d+)', ln)
+        if m:
+            where = (os.path.basename(m.group(1)), int(m.group(2)))
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln)
+        if not m:
+            continue
+        op = m.group(1).split(".")
+        count[where] += 1
+        if op[0] == "BAR":
+            bars[where] += 1
+        if op[0] in _MATRIX:
+            smem[where] += 32 * 4 * {"4": 4, "2": 2}.get(op[-1], 1)
+        elif op[0] in ("LDS", "STS", "LDL", "STL"):
+            smem[where] += 32 * next((_WIDTH[p] for p in op[1:] if p in _WIDTH), 4)
+    total_i, total_s = sum(count.values()), sum(smem.values())
+    rows = [f"  {total_i} instructions, {total_s} shared/local bytes per warp; top lines by shared bytes:"]
+    for key, b in smem.most_common(top):
+        rows.append(f"  {b:7d} B ({100 * b / max(total_s, 1):4.1f}%) {count[key]:5d} instr {bars[key]:3d} bar  "
+                    f"{key[0]}:{key[1]}")
+    return "\n".join(rows)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warps", type=int, default=None, help="both stages (default: the launcher's rule)")
     ap.add_argument("--chunk", type=int, default=32, help="BT")
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--by-line", type=int, default=0, metavar="N",
+                    help="also list the N source lines that move the most shared-memory bytes")
     args = ap.parse_args()
     D, BT = args.head_dim, args.chunk
     common = dict(K=D, V=D, BT=BT, IS_VARLEN=True)
@@ -96,10 +144,15 @@ def main():
     stage2 = dict(common, BV=64, HAS_H0=True, STORE_HT=True, INTERPRET=False)
     w1 = args.warps or kernels.STAGE1_WARPS
     w2 = args.warps or kernels.STAGE2_WARPS
-    print(f"stage 1 (BT={BT}, D={D}, {w1} warps, maxnreg {kernels.STAGE1_MAXNREG}): "
-          + report(_chunk_prepare_kernel, stage1, w1, 1, kernels.STAGE1_MAXNREG))
-    print(f"stage 2 (BT={BT}, D={D}, {w2} warps, {kernels.STAGE2_STAGES} stages): "
-          + report(_chunk_recurrence_kernel, stage2, w2, kernels.STAGE2_STAGES))
+    for title, kernel, consts, warps, stages, nreg in (
+            (f"stage 1 (BT={BT}, D={D}, {w1} warps, maxnreg {kernels.STAGE1_MAXNREG})", _chunk_prepare_kernel,
+             stage1, w1, 1, kernels.STAGE1_MAXNREG),
+            (f"stage 2 (BT={BT}, D={D}, {w2} warps, {kernels.STAGE2_STAGES} stages)", _chunk_recurrence_kernel,
+             stage2, w2, kernels.STAGE2_STAGES, None)):
+        compiled = compile_sm90(kernel, consts, warps, stages, nreg)
+        print(f"{title}: {report(compiled)}")
+        if args.by_line:
+            print(by_line(compiled, args.by_line))
 
 
 if __name__ == "__main__":
