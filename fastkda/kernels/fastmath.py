@@ -1,10 +1,11 @@
 """Single-instruction exp2 and reciprocal for stage 1's elementwise work.
 
 Triton's exp, exp2 and division keep IEEE subnormal handling: each becomes a range test plus two predicated
-multiplies around the special-function unit instruction, and division adds Newton steps. Stage 1 is bound by
-instruction issue (docs/perf-notes.md), and every value it exponentiates is either in the normal fp32 range
-or negligible (a decay below 2^-126 of the chunk's scale), so flushing subnormals to zero changes nothing
-that matters. The CPU interpreter cannot run inline PTX: there the plain Triton functions are used.
+multiplies around the special-function unit instruction, and division adds Newton steps. In stage 1 these
+made up a fifth of all instructions (docs/perf-notes.md, v5). Every value stage 1 exponentiates is either
+in the normal fp32 range or negligible (a decay below 2^-126 of the chunk's scale), so flushing subnormals
+to zero changes nothing that matters. The CPU interpreter cannot run inline PTX: there the plain Triton
+functions are used.
 """
 
 import triton
