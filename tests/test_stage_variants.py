@@ -59,3 +59,16 @@ def test_run_times_each_variant_and_flags_the_ones_that_change_results():
     assert set(row) == {"stage1 base", "stage1 no_doubling", "stage2 base"} and len(calls) == 3
     assert row["stage1 base"]["max_diff_vs_first"] == 0.0
     assert row["stage1 no_doubling"]["max_diff_vs_first"] > 1e-4     # T without its doubling levels is wrong
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(os.path.join(ROOT, "benchmarks", "variants"))
+                                        if f.endswith(".py")))
+def test_stored_variants_still_apply_to_the_kernels(name, tmp_path):
+    # A variants file whose text no longer matches the kernels would stop its device run before timing.
+    from fastkda.kernels import chunk_recurrence
+    tool = _tool()
+    s1, s2, _ = tool.load_variants(os.path.join(ROOT, "benchmarks", "variants", name))
+    for variant, subs in s1.items():
+        tool.variant_module(chunk_prepare, variant, subs, str(tmp_path))
+    for variant, subs in s2.items():
+        tool.variant_module(chunk_recurrence, variant, subs, str(tmp_path))
