@@ -6,9 +6,9 @@ each program owns the block S[:, block]. Per chunk of BT tokens, with the stage-
 
     a1 · S = rows of −W·S and Qg·S, interleaved     (one product of the state)
     U = U0 − W·S                                     (corrected values of the chunk)
-    S = diag(gl) · S + Ktᵀ · U,   O = Qg·S + Aqk · U  (two products of U, issued together)
+    S = diag(gl) · S + Ktᵀ · U,   O = Qg·S + Aqk · U  (two products of U)
 
-so the dependent chain of a chunk is two matrix products. The program works on the transposes,
+so the dependent chain from one chunk's state to the next is two matrix products. The program works on the transposes,
 
     Sᵀ·a1ᵀ,   Sᵀ = Sᵀ · diag(gl) + Uᵀ · Kt,   Oᵀ = (Qg·S)ᵀ + Uᵀ · Aqkᵀ,
 
@@ -50,7 +50,7 @@ def _chunk_recurrence_kernel(
     n_chunks = tl.cdiv(eos - bos, BT)
 
     o_t = tl.arange(0, BT)
-    o_2t = tl.arange(0, 2 * BT)          # rows of a block: U and O rows interleaved
+    o_2t = tl.arange(0, 2 * BT)          # rows of an a1 block: −W and Qg rows interleaved
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     # Sᵀ[vv, kk] = S[kk, vv] of this (sequence, head) sits at kk * s_state_k + vv * s_state_v.
