@@ -22,11 +22,11 @@ Padding rows are zero (k̂ = q̂ = β = 0 there), so the recurrence reads whole 
 
 Numerics. G is accumulated in base 2 (log2(e)·a), so each exponential is one ex2 instruction (fastmath.py).
 e^{G_i − G_j} is formed as a product e^{G_i − r}·e^{r − G_j}, which needs both factors inside the fp32 (and
-bf16) exponent range, |G − r| < 126 in base 2. With every per-step log-decay ≥ −5, G spans at most 5·BT, so a
-reference r at the chunk's middle token keeps both factors within 2^{±116} (e^{±80}) for BT ≤ 32: one matrix
-product gives all pairs. (BT = 64 would need a reference per half plus a product for the pairs across
-halves.) Only two exponentials per element are taken, e^{G − r} and e^{r − G}; e^G, e^{G_last − G} are
-those times per-channel factors.
+bf16) exponent range, |G − r| < 126 in base 2. With every per-step log-decay ≥ −5, G runs from 0 down to
+G_last ≥ −5·BT, so the reference r = G_last / 2 (per channel) keeps both factors within 2^{±116} (e^{±80})
+for BT ≤ 32: one matrix product gives all pairs. (BT = 64 would need a reference per half plus a product for
+the pairs across halves.) Only two exponentials per element are taken, e^{G − r} and e^{r − G}; e^G and
+e^{G_last − G} are those times per-channel factors.
 Pairs j > i may overflow to inf/NaN; they are discarded by selection (tl.where), never used.
 T is built by block doubling: if T_b inverts I + L restricted to diagonal blocks of size b, the blocks of
 size 2b are inverted by T_2b = T_b − T_b·C_b·T_b, C_b the part of L linking the two halves of each 2b block.
@@ -86,6 +86,33 @@ def _load_rows(ptr, rows, row_stride, cols, mask):
 
 
 @triton.jit
+def _split_columns4(x, BT: tl.constexpr, K: tl.constexpr):
+    """A [BT, K] tile as four [BT, K / 8, 2] tiles; tile 2·i1 + i0 holds column 8c + 4·i2 + 2·i1 + i0 at
+    [:, c, i2].
+
+    Why: the tiles' threads hold 8 consecutive columns, and Triton's cross-warp reduction scratch keeps them
+    side by side: a row sum of such a tile takes 16-way bank conflicts (ncu on the H200: two such sums were a
+    third of stage 1's shared-memory wavefronts). Four operands with 2 columns per thread, reduced together,
+    take 4-way conflicts (docs/perf-notes.md, v12)."""
+    x0, x1 = tl.split(tl.reshape(x, (BT, K // 8, 2, 2, 2)))      # i0
+    x00, x01 = tl.split(x0)                                         # i1
+    x10, x11 = tl.split(x1)
+    return x00, x10, x01, x11
+
+
+@triton.jit
+def _join_columns4(y00, y01, y10, y11, K: tl.constexpr):
+    """Inverse of _split_columns4 for the row sums: four [K / 8, 2] vectors (y<i1 i0>[c, i2]) to one [K]."""
+    v = tl.join(tl.join(y00, y01), tl.join(y10, y11))              # [c, i2, i0, i1]
+    return tl.reshape(tl.permute(v, (0, 1, 3, 2)), (K,))
+
+
+@triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
 def _log2_decay(g_rows, A_log, dt_bias, i_hv, o_k, lower_bound,
                 USE_GATE: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, K: tl.constexpr,
                 INTERPRET: tl.constexpr):
@@ -136,6 +163,8 @@ def _chunk_prepare_kernel(
     # Whole-chunk tiles: k̂, q̂ and the cumulative log-decay G (padding rows: k̂ = q̂ = 0, a = 0).
     b_k = _load_rows(k, rows * H + i_h, K, o_k, m_t)
     b_q = _load_rows(q, rows * H + i_h, K, o_k, m_t)
+    # β is loaded early: issued after the gate's work, its latency showed in the stall samples (packed path).
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
     if USE_L2NORM:
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
@@ -143,24 +172,26 @@ def _chunk_prepare_kernel(
     b_a = _log2_decay(_load_rows(g, rows * HV + i_hv, K, o_k, m_t), A_log, dt_bias, i_hv, o_k, lower_bound,
                       USE_GATE, HAS_A_LOG, HAS_DT_BIAS, K, INTERPRET)
     b_G = tl.cumsum(tl.where(m_t[:, None], b_a, 0.0), 0)
-    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
     if USE_BETA_SIGMOID:
         b_beta = _sigmoid(b_beta, INTERPRET)
     b_beta = tl.where(m_t, b_beta, 0.0)
 
-    # One reference point, the cumulative decay at the chunk's middle token: |G − r| <= log2(e) · 5 · BT / 2.
-    # Two exponentials per element; every other decay factor is one of them times a per-channel factor.
-    r_mid = tl.sum(tl.where((o_t == BT // 2 - 1)[:, None], b_G, 0.0), 0)
-    g_last = tl.sum(tl.where((o_t == BT - 1)[:, None], b_G, 0.0), 0)            # G at the chunk's last row
-    e_r = _exp2(r_mid, INTERPRET)
+    # G at the chunk's last row (padding rows add 0), and one reference point r = G_last / 2:
+    # |G − r| <= log2(e) · 5 · BT / 2. Two exponentials per element; every other decay factor is one of them
+    # times a per-channel factor.
+    g0, g1, g2, g3 = _split_columns4(tl.where((o_t == BT - 1)[:, None], b_G, 0.0), BT, K)
+    g0, g1, g2, g3 = tl.reduce((g0, g1, g2, g3), 0, _add4)
+    g_last = _join_columns4(g0, g1, g2, g3, K)
+    r_ref = g_last * 0.5
+    e_r = _exp2(r_ref, INTERPRET)
     # Stage-1 blocks of this chunk: int64 bases (they outgrow 2^31 elements before the inputs do).
     blk = (i_hv * NC + i_c).to(tl.int64)
-    k_neg = b_k * _exp2(r_mid[None, :] - b_G, INTERPRET)                         # k̂_j e^{r − G_j}
+    k_neg = b_k * _exp2(r_ref[None, :] - b_G, INTERPRET)                         # k̂_j e^{r − G_j}
     tl.store(kt + blk * (BT * K) + o_t[:, None] * K + o_k[None, :],
-             (k_neg * _exp2(g_last - r_mid, INTERPRET)[None, :]).to(kt.dtype.element_ty))  # k̂ e^{G_last − G}
+             (k_neg * _exp2(g_last - r_ref, INTERPRET)[None, :]).to(kt.dtype.element_ty))  # k̂ e^{G_last − G}
     tl.store(gl + (i_c * HV + i_hv) * K + o_k, _exp2(g_last, INTERPRET))
     k_neg = k_neg.to(MM_DTYPE)
-    e_pos = _exp2(b_G - r_mid[None, :], INTERPRET)                                # e^{G − r}
+    e_pos = _exp2(b_G - r_ref[None, :], INTERPRET)                                # e^{G − r}
 
     # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})) and Qg = scale · q̂ ⊙ e^{G − r} · e^{r}, both stored now;
     # Qg goes to the odd rows of a1.
