@@ -44,7 +44,7 @@ def test_variants_file_defines_the_three_tables(tmp_path):
 
 
 def test_run_times_each_variant_and_flags_the_ones_that_change_results():
-    # Through the interpreter on a tiny packed problem, with a stand-in timer (the tool times on CUDA).
+    # A tiny packed problem, with a stand-in timer: through the interpreter without CUDA, compiled with it.
     import torch
 
     from fastkda.bench.tasks import Task
@@ -53,7 +53,7 @@ def test_run_times_each_variant_and_flags_the_ones_that_change_results():
     calls = []
     res = tool.run({"base": [], "no_doubling": [("for lvl in tl.static_range(1, LOG2_BT):",
                                                  "for lvl in tl.static_range(1, 1):")]},
-                   {"base": []}, {}, [tiny], torch.device("cpu"),
+                   {"base": []}, {}, [tiny], torch.device("cuda" if torch.cuda.is_available() else "cpu"),
                    timer=lambda fn: (fn(), calls.append(1), 0.0)[-1], log=lambda line: None)
     row = res["tiny"]
     assert set(row) == {"stage1 base", "stage1 no_doubling", "stage2 base"} and len(calls) == 3

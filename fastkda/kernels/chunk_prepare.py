@@ -30,7 +30,8 @@ e^{G_last − G} are those times per-channel factors.
 Pairs j > i may overflow to inf/NaN; they are discarded by selection (tl.where), never used.
 T is built by block doubling: if T_b inverts I + L restricted to diagonal blocks of size b, the blocks of
 size 2b are inverted by T_2b = T_b − T_b·C_b·T_b, C_b the part of L linking the two halves of each 2b block.
-That is exact algebra (no series), in tf32 products; T_1 = I.
+That is exact algebra (no series), in tf32 products; T_1 = I. W and U0 are each two bf16 products, T·diag(β)
+split into high and low bf16 halves (see the kernel).
 """
 
 import triton
@@ -202,11 +203,10 @@ def _chunk_prepare_kernel(
     tl.store(aqk + blk * (BT * BT) + o_t[:, None] * BT + o_t[None, :], b_aqk.to(aqk.dtype.element_ty))
     tl.store(p_a1 + K, (q_pos * (e_r * scale)[None, :]).to(a1.dtype.element_ty))
 
-    # L = strict_tril(diag(β) · k̂_i·(k̂_j ⊙ e^{G_i − G_j})); the right side of W, diag(β)·(k̂ ⊙ e^G), kept.
-    k_pos = b_k * e_pos
-    b_L = _mm(k_pos.to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
+    # L = strict_tril(diag(β) · k̂_i·(k̂_j ⊙ e^{G_i − G_j})); k̂ ⊙ e^{G − r} is kept for W.
+    k_pos = (b_k * e_pos).to(MM_DTYPE)
+    b_L = _mm(k_pos, tl.trans(k_neg), INTERPRET)
     b_L = tl.where(o_t[None, :] < o_t[:, None], b_L * b_beta[:, None], 0.0)
-    k_beta = k_pos * (e_r[None, :] * b_beta[:, None])
 
     # T = (I + L)^-1 by block doubling: T_1 = I, T_2b = T_b − T_b·C_b·T_b.
     b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32)
@@ -217,8 +217,22 @@ def _chunk_prepare_kernel(
         b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
         b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
 
-    # −W to the even rows of a1, U0 to b1.
-    tl.store(p_a1, (-tl.dot(b_T, k_beta, input_precision=DOT_PRECISION)).to(a1.dtype.element_ty))
-    b_v = _load_rows(v, rows * HV + i_hv, V, o_v, m_t)
-    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=DOT_PRECISION)
+    # −W to the even rows of a1, U0 to b1: W = (T·diag(β))·(k̂ ⊙ e^{G−r})·diag(e^r), U0 = (T·diag(β))·V.
+    # With bf16 stage tensors, T·diag(β) is split into bf16 high and low halves (~16 bits; tf32 keeps 11) and
+    # the right operands are bf16: k̂ ⊙ e^{G−r} as rounded for L, V as loaded (exact for bf16 inputs). Two bf16
+    # products are as many MMA instructions as one tf32 product, and no fp32 right operand goes through shared
+    # memory (those took 8-way bank conflicts: stage 1 −6%, same validation errors; docs/perf-notes.md, v13).
+    b_Tb = b_T * b_beta[None, :]
+    if MM_DTYPE == tl.bfloat16:
+        t_hi = b_Tb.to(tl.bfloat16)
+        t_lo = (b_Tb - t_hi.to(tl.float32)).to(tl.bfloat16)
+        b_w = _mm(t_hi, k_pos, INTERPRET) + _mm(t_lo, k_pos, INTERPRET)
+    else:
+        b_w = tl.dot(b_Tb, k_pos, input_precision=DOT_PRECISION)
+    tl.store(p_a1, (-(b_w * e_r[None, :])).to(a1.dtype.element_ty))
+    if v.dtype.element_ty == tl.bfloat16:
+        b_v = tl.load(v + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_t[:, None], other=0.0)
+        b_u = _mm(t_hi, b_v, INTERPRET) + _mm(t_lo, b_v, INTERPRET)
+    else:
+        b_u = tl.dot(b_Tb, _load_rows(v, rows * HV + i_hv, V, o_v, m_t), input_precision=DOT_PRECISION)
     tl.store(b1 + blk * (BT * V) + o_t[:, None] * V + o_v[None, :], b_u.to(b1.dtype.element_ty))
