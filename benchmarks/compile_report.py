@@ -27,6 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as triton_compile
 
 from fastkda import kernels
+from ncu_lines import parse_sass      # benchmarks/ is the script's own folder, hence on sys.path
 from fastkda.kernels.chunk_prepare import _chunk_prepare_kernel
 from fastkda.kernels.chunk_recurrence import _chunk_recurrence_kernel
 
@@ -105,16 +106,9 @@ def by_line(compiled, top: int) -> str:
         with open(path, "wb") as f:
             f.write(compiled.asm["cubin"])
         sass = subprocess.run([nvdisasm, "-g", "-c", path], capture_output=True, text=True).stdout
-    count, smem, bars, where = Counter(), Counter(), Counter(), None
-    for ln in sass.splitlines():
-        m = re.search(r'//## File "([^"]+)", line (\d+)', ln)
-        if m:
-            where = (os.path.basename(m.group(1)), int(m.group(2)))
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln)
-        if not m:
-            continue
-        op = m.group(1).split(".")
+    count, smem, bars = Counter(), Counter(), Counter()
+    for where, opcode in parse_sass(sass).values():
+        op = opcode.split(".")
         count[where] += 1
         if op[0] == "BAR":
             bars[where] += 1
@@ -125,8 +119,9 @@ def by_line(compiled, top: int) -> str:
     total_i, total_s = sum(count.values()), sum(smem.values())
     rows = [f"  {total_i} instructions, {total_s} shared/local bytes per warp; top lines by shared bytes:"]
     for key, b in smem.most_common(top):
+        name = "?" if key is None else f"{key[0]}:{key[1]}"
         rows.append(f"  {b:7d} B ({100 * b / max(total_s, 1):4.1f}%) {count[key]:5d} instr {bars[key]:3d} bar  "
-                    f"{key[0]}:{key[1]}")
+                    f"{name}")
     return "\n".join(rows)
 
 

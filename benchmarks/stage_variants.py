@@ -1,6 +1,7 @@
 """Time variants of the two kernels side by side, in one device call: A/B tests and ablations.
 
     python benchmarks/stage_variants.py VARIANTS.py [--tasks a,b] [--json PATH]
+    ncu ... python benchmarks/stage_variants.py VARIANTS.py --tasks H64_fixed_8192 --once    # for a profiler
 
 VARIANTS.py is a small Python file naming each variant by text substitutions in a kernel's source:
 
@@ -15,6 +16,8 @@ the library's launcher. Stage 1 is timed on its own, stage 2 on the library's st
 CUDA events (median of 50 after 5 warm-up calls). Each stage-1 variant's tensors are compared with the first
 variant's: an ablation that changes results says so (max |difference|), an optimisation must not.
 Diagnosis, not a record: numbers for the record come from `python -m fastkda.bench` (validation first).
+`--once` launches instead of timing: each stage-1 variant twice (result check, then once more), each stage-2
+variant once, in the order of the file -- what a profiler run (ncu, with benchmarks/ncu_lines.py) needs.
 """
 
 from __future__ import annotations
@@ -74,6 +77,12 @@ def _median_ms(fn, warmup=5, repeats=50):
     return sorted(s.elapsed_time(e) for s, e in pairs)[repeats // 2]
 
 
+def _launch_once(fn):
+    fn()
+    torch.cuda.synchronize()
+    return float("nan")
+
+
 class _Launch:
     """Set fastkda.kernels constants and kernel objects for one variant, restore them after."""
 
@@ -131,12 +140,15 @@ def main():
     ap.add_argument("variants", help="a Python file defining STAGE1, STAGE2 (and LAUNCH)")
     ap.add_argument("--tasks", default=None, help="comma-separated task names (default: the six standard)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--once", action="store_true", help="launch each variant instead of timing it (profilers)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("stage_variants: needs a CUDA device")
     stage1, stage2, launch = load_variants(args.variants)
     tasks = select_tasks(args.tasks.split(",")) if args.tasks else default_tasks()
-    results = run(stage1, stage2, launch, tasks, torch.device("cuda"), log=lambda line: print(line, flush=True))
+    timer = _launch_once if args.once else _median_ms
+    results = run(stage1, stage2, launch, tasks, torch.device("cuda"), timer=timer,
+                  log=lambda line: print(line, flush=True))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "variants_file": args.variants, "results": results},

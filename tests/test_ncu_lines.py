@@ -1,0 +1,59 @@
+"""benchmarks/ncu_lines.py: ncu's per-instruction counters summed by source line through the cubin's line table."""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("ncu_lines", os.path.join(ROOT, "benchmarks", "ncu_lines.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SASS = """
+	//## File "/tmp/x/kern.py", line 10
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+	//## File "/tmp/x/kern.py", line 12
+        /*0010*/                   STS [R2], R3 ;
+        /*0020*/              @!P0 LDS R4, [R2] ;
+	//## File "/opt/triton/language/standard.py", line 293
+        /*0030*/                   SHFL.BFLY PT, R5, R4, 0x8, 0x1f ;
+"""
+
+HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","L1 Wavefronts Shared Excessive",'
+          '"L1 Wavefronts Shared","stall_long_sb","stall_short_sb"')
+
+
+def _csv(rows, base=0x7F0000):
+    lines = ['"Kernel Name","k",', HEADER]
+    for off, src, samples, excess, wf in rows:
+        lines.append(f'"{hex(base + off)}","{src}","{samples}","{excess}","{wf}","0","{samples}"')
+    return "\n".join(lines) + "\n"
+
+
+def test_counters_are_summed_per_source_line():
+    tool = _tool()
+    csv_text = _csv([(0x0, "      LDC R1, c[0x0][0x28]", 10, 0, 0),
+                     (0x10, "      STS [R2], R3", 30, "1,500", "2,000"),
+                     (0x20, "  @!P0 LDS R4, [R2]", 20, 500, 1000),
+                     (0x30, "      SHFL.BFLY PT, R5, R4, 0x8, 0x1f", 40, 0, 0)])
+    (name, rows), = tool.parse_source_csv(csv_text)
+    per_line, totals = tool.by_line(rows, tool.parse_sass(SASS))
+    assert name == "k" and totals[tool.SAMPLES] == 100 and totals[tool.EXCESS] == 2000
+    assert per_line[("kern.py", 12)][tool.SAMPLES] == 50 and per_line[("kern.py", 12)][tool.WAVEFRONTS] == 3000
+    assert per_line[("standard.py", 293)][tool.SAMPLES] == 40
+    text = tool.report(per_line, totals, sort="excess", top=1)
+    assert text.splitlines()[1].startswith("kern.py:12") and "100.0" in text.splitlines()[1]
+
+
+def test_sass_of_another_build_is_refused():
+    tool = _tool()
+    csv_text = _csv([(0x0, "      MOV R1, R2", 1, 0, 0), (0x10, "      IADD3 R1, R2, R3, RZ", 1, 0, 0)])
+    (_, rows), = tool.parse_source_csv(csv_text)
+    with pytest.raises(ValueError, match="another build"):
+        tool.by_line(rows, tool.parse_sass(SASS))
