@@ -80,11 +80,15 @@ def _span(x: torch.Tensor):
     return start, start + extent * x.element_size()
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    sa, sb = _span(a), _span(b)
+def _spans_overlap(a: torch.Tensor, sa, b: torch.Tensor, sb) -> bool:
+    """Whether tensors a and b, with byte spans sa and sb (_span), can touch the same memory."""
     if sa is None or sb is None or a.device != b.device:
         return False
     return sa[0] < sb[1] and sb[0] < sa[1]
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return _spans_overlap(a, _span(a), b, _span(b))
 
 
 def check_scale(scale) -> float:
@@ -243,20 +247,18 @@ def check_no_alias(writes: dict, reads: dict, allowed: tuple = ()) -> None:
     ``allowed`` lists (write name, read name) pairs that may be the very same tensor (an in-place state
     update: final_state is initial_state).
     """
-    names = list(writes)
-    for i, wn in enumerate(names):
-        w = writes[wn]
-        if w is None:
-            continue
-        for rn, r in reads.items():
-            if r is None or not _overlaps(w, r):
+    # Each tensor's span once: this runs on every call, and the pairs are many (host time, not device time).
+    w_items = [(n, t, _span(t)) for n, t in writes.items() if t is not None]
+    r_items = [(n, t, _span(t)) for n, t in reads.items() if t is not None]
+    for i, (wn, w, sw) in enumerate(w_items):
+        for rn, r, sr in r_items:
+            if not _spans_overlap(w, sw, r, sr):
                 continue
             same = (w.data_ptr() == r.data_ptr() and w.shape == r.shape and w.stride() == r.stride()
                     and w.dtype == r.dtype)
             if (wn, rn) in allowed and same:
                 continue
             raise ValueError(f"{wn}: must not share memory with the input {rn}")
-        for wn2 in names[i + 1:]:
-            w2 = writes[wn2]
-            if w2 is not None and _overlaps(w, w2):
+        for wn2, w2, sw2 in w_items[i + 1:]:
+            if _spans_overlap(w, sw, w2, sw2):
                 raise ValueError(f"{wn}: must not share memory with {wn2}")
