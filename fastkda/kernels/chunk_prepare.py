@@ -164,7 +164,7 @@ def _chunk_prepare_kernel(
     # Whole-chunk tiles: k̂, q̂ and the cumulative log-decay G (padding rows: k̂ = q̂ = 0, a = 0).
     b_k = _load_rows(k, rows * H + i_h, K, o_k, m_t)
     b_q = _load_rows(q, rows * H + i_h, K, o_k, m_t)
-    # β is loaded early: issued after the gate's work, its latency showed in the stall samples (packed path).
+    # β is loaded with q and k: loaded after the gate's work, its latency showed in the stall samples.
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
     if USE_L2NORM:
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
@@ -221,7 +221,7 @@ def _chunk_prepare_kernel(
     # With bf16 stage tensors, T·diag(β) is split into bf16 high and low halves (~16 bits; tf32 keeps 11) and
     # the right operands are bf16: k̂ ⊙ e^{G−r} as rounded for L, V as loaded (exact for bf16 inputs). Two bf16
     # products are as many MMA instructions as one tf32 product, and no fp32 right operand goes through shared
-    # memory (those took 8-way bank conflicts: stage 1 −6%, same validation errors; docs/perf-notes.md, v13).
+    # memory (those took 8-way bank conflicts: stage 1 −5..7%, same validation errors; docs/perf-notes.md v13).
     b_Tb = b_T * b_beta[None, :]
     if MM_DTYPE == tl.bfloat16:
         t_hi = b_Tb.to(tl.bfloat16)
