@@ -96,6 +96,26 @@ def test_token_error_sees_one_bad_token():
     assert metrics.token_error(empty, empty) == 0.0
 
 
+def test_dominant_head_names_the_head_that_holds_the_output():
+    ref = torch.ones(1, 4, 3, 2)
+    ref[:, :, 2] *= 3.0                                      # head 2: 9 / 11 of the squared norm
+    out = ref.clone()
+    out[:, :, 2] *= 1.01                                     # its own error: 1%
+    head, share, err = metrics.dominant_head(out, ref)
+    assert head == 2 and share == pytest.approx(9 / 11) and err == pytest.approx(0.01)
+
+
+def test_out_failure_names_the_dominant_head():
+    def one_head_off(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
+                     final_state=None, cu_seqlens=None):
+        reference_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=initial_state,
+                      final_state=final_state, cu_seqlens=cu_seqlens)
+        out[:, :, 0] *= 1.05                                 # value head 0 wrong by 5%
+    r = run_one(one_head_off, "random", "normal_fixed_batch_d128")
+    assert not r.passed and "out" in r.failed
+    assert "value head" in r.message and "its own rel L2" in r.message
+
+
 def test_finiteness_and_rms():
     assert metrics.is_finite(torch.ones(3)) and metrics.is_finite(None) and metrics.is_finite(torch.ones(0))
     assert not metrics.is_finite(torch.tensor([1.0, float("nan")]))

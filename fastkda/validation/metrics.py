@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -216,3 +216,17 @@ def worst_token(out: torch.Tensor, ref: torch.Tensor) -> int:
     diff = (_f64(out) - _f64(ref)).reshape(rows, -1)
     diff = torch.nan_to_num(diff, nan=math.inf)
     return int(torch.linalg.vector_norm(diff, dim=1).argmax())
+
+
+def dominant_head(out: torch.Tensor, ref: torch.Tensor) -> Tuple[int, float, float]:
+    """(head, its share of ||ref||², its own relative L2 error) for the value head with the largest reference
+    norm, out and ref ``[B, T, HV, V]`` (for failure messages: when one head holds most of the output, the
+    case's relative L2 is that head's error -- a long-memory head, say)."""
+    ref64 = _f64(ref)
+    per_head = ref64.square().sum(dim=(0, 1, 3))
+    total = float(per_head.sum())
+    h = int(per_head.argmax())
+    if total == 0.0:
+        return h, 0.0, math.inf
+    err = float((_f64(out[:, :, h]) - ref64[:, :, h]).square().sum().sqrt())
+    return h, float(per_head[h]) / total, err / max(float(per_head[h].sqrt()), 1e-300)

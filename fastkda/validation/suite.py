@@ -332,7 +332,11 @@ def run_case(impl: Impl, case: Case, *, device: Union[str, torch.device] = "cpu"
     state_err = metrics.relative_l2(state_c, ref_state, state_floor)
     token_err = metrics.token_error(out_c, ref_out, token_floor, own_norm=thr.token_own_norm)
     if out_err > thr.out:
-        problems.append(("out", f"out rel L2 {_fmt(out_err)} > {thr.out:.0e}"))
+        why = ""
+        if math.isfinite(out_err) and ref_out.dim() == 4 and ref_out.shape[2] > 1:
+            head, share, head_err = metrics.dominant_head(out_c, ref_out)
+            why = f" (value head {head} holds {100 * share:.0f}% of the output norm; its own rel L2 {_fmt(head_err)})"
+        problems.append(("out", f"out rel L2 {_fmt(out_err)} > {thr.out:.0e}{why}"))
     if state_err > thr.state:
         problems.append(("state", f"final_state rel L2 {_fmt(state_err)} > {thr.state:.0e}"))
     if token_err > thr.token:
