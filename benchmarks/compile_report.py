@@ -33,7 +33,7 @@ from fastkda.kernels.chunk_recurrence import _chunk_recurrence_kernel
 
 RUNTIME_TYPES = {
     "q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
-    "dt_bias": "*fp32", "a1": "*bf16", "b1": "*bf16", "aqk": "*bf16", "kt": "*bf16",
+    "dt_bias": "*fp32", "a1": "*bf16", "tb": "*bf16", "aqk": "*bf16", "kt": "*bf16",
     "gl": "*fp32", "h0": "*fp32", "ht": "*fp32", "o": "*bf16",
     "cu_seqlens": "*i32", "chunk_offsets": "*i32", "chunk_rows": "*i32",
     "T": "i32", "NC": "i32", "N": "i32", "H": "i32", "HV": "i32", "search_steps": "i32",
@@ -134,10 +134,10 @@ def main():
                     help="also list the N source lines that move the most shared-memory bytes")
     args = ap.parse_args()
     D, BT = args.head_dim, args.chunk
-    common = dict(K=D, V=D, BT=BT, IS_VARLEN=True)
+    common = dict(K=D, BT=BT, IS_VARLEN=True)
     stage1 = dict(common, LOG2_BT=BT.bit_length() - 1, USE_L2NORM=True, USE_GATE=True, USE_BETA_SIGMOID=True,
                   HAS_A_LOG=True, HAS_DT_BIAS=True, DOT_PRECISION="tf32", MM_DTYPE=tl.bfloat16, INTERPRET=False)
-    stage2 = dict(common, BV=64, HAS_H0=True, STORE_HT=True, INTERPRET=False)
+    stage2 = dict(common, V=D, BV=64, HAS_H0=True, STORE_HT=True, INTERPRET=False)
     w1 = args.warps or kernels.STAGE1_WARPS
     w2 = args.warps or kernels.STAGE2_WARPS
     for title, kernel, consts, warps, stages, nreg in (

@@ -40,12 +40,13 @@ def median_ms(fn, warmup=10, repeats=100):
 def stage_bytes(T, H, D, N):
     bf, f32 = 2, 4
     inputs = T * H * (4 * D * bf + bf)
-    stage1_out = T * H * (4 * D + CHUNK_SIZE) * bf                # a1 (2 D per token), b1, kt, aqk
+    values = T * H * D * bf
+    stage1_out = T * H * (3 * D + 3 * CHUNK_SIZE) * bf            # a1 (2 D per token), kt, tb (2 BT), aqk
     chunks = (T + CHUNK_SIZE - 1) // CHUNK_SIZE + N
     gl = chunks * H * D * f32
     state = 2 * N * H * D * D * f32
     out = T * H * D * bf
-    return {"stage1": inputs + stage1_out + gl, "stage2": stage1_out + gl + state + out}
+    return {"stage1": inputs - values + stage1_out + gl, "stage2": stage1_out + values + gl + state + out}
 
 
 def main():
@@ -84,7 +85,7 @@ def main():
         first_ms = (time.perf_counter() - t0) * 1e3
         st = prepare_chunks(x.q, x.k, x.v, x.g, x.beta, **kw)
         t1 = median_ms(lambda: prepare_chunks(x.q, x.k, x.v, x.g, x.beta, **kw))
-        t2 = median_ms(lambda: run_recurrence(st, out=out, initial_state=x.initial_state, final_state=fs,
+        t2 = median_ms(lambda: run_recurrence(st, x.v, out=out, initial_state=x.initial_state, final_state=fs,
                                               cu_seqlens=x.cu_seqlens, state_v_first=True))
         tt = median_ms(full)
         nb = stage_bytes(task.T, task.H, task.D, task.N)

@@ -35,7 +35,7 @@ from fastkda import kernels
 from fastkda.bench.tasks import default_tasks, make_inputs, select_tasks
 from fastkda.kernels import chunk_prepare, chunk_recurrence
 
-STAGE1_FIELDS = ("a1", "b1", "aqk", "kt", "gl")
+STAGE1_FIELDS = ("a1", "tb", "aqk", "kt", "gl")
 
 
 def variant_module(kernel_module, name: str, substitutions, workdir: str):
@@ -128,7 +128,7 @@ def run(stage1: dict, stage2: dict, launch: dict, tasks, device, timer=_median_m
             for name, kernel in s2.items():
                 with _Launch(_chunk_recurrence_kernel=kernel, **launch.get(name, {})):
                     ms = timer(lambda: kernels.run_recurrence(
-                        st, out=out, initial_state=x.initial_state, final_state=fs, cu_seqlens=x.cu_seqlens,
+                        st, x.v, out=out, initial_state=x.initial_state, final_state=fs, cu_seqlens=x.cu_seqlens,
                         state_v_first=True))
                 row[f"stage2 {name}"] = {"ms": ms}
                 log(f"{task.name:<20} stage 2 {name:<16} {ms:8.3f} ms")

@@ -2,8 +2,9 @@
 
     stage 0 (varlen only)  _chunk_offsets_kernel      chunk offsets of the packed sequences (1 program)
                            _chunk_rows_kernel         token range of every chunk slot
-    stage 1                _chunk_prepare_kernel      per (chunk, value head): a1, b1, aqk, kt, gl
-    stage 2                _chunk_recurrence_kernel   per (value block, sequence, value head): out, state
+    stage 1                _chunk_prepare_kernel      per (chunk, value head): a1, tb, aqk, kt, gl
+    stage 2                _chunk_recurrence_kernel   per (value block, sequence, value head): reads v and the
+                                                      stage-1 tensors; writes out, state
 
 Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
 columns in stage 2, 4 warps, stage 1 capped at 168 registers (three programs per SM), three pipeline stages
@@ -43,7 +44,7 @@ class Stage1(NamedTuple):
     chunk bookkeeping."""
 
     a1: torch.Tensor
-    b1: torch.Tensor
+    tb: torch.Tensor
     aqk: torch.Tensor
     kt: torch.Tensor
     gl: torch.Tensor
@@ -96,7 +97,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     sdt = stage_dtype(q.dtype)
     slots = max(n_chunks, 1)
     st = Stage1(a1=torch.empty(HV, slots, 2 * BT, K, dtype=sdt, device=device),
-                b1=torch.empty(HV, slots, BT, V, dtype=sdt, device=device),
+                tb=torch.empty(HV, slots, BT, 2 * BT, dtype=sdt, device=device),
                 aqk=torch.empty(HV, slots, BT, BT, dtype=sdt, device=device),
                 kt=torch.empty(HV, slots, BT, K, dtype=sdt, device=device),
                 gl=torch.empty(slots, HV, K, dtype=torch.float32, device=device),
@@ -104,11 +105,11 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     if n_chunks > 0 and N > 0:
         # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
         _chunk_prepare_kernel[(n_chunks, HV)](
-            q, k, v, g, beta, A_log, dt_bias,
-            st.a1, st.b1, st.aqk, st.kt, st.gl,
+            q, k, g, beta, A_log, dt_bias,
+            st.a1, st.tb, st.aqk, st.kt, st.gl,
             chunk_rows,
             T, slots, scale, 0.0 if lower_bound is None else lower_bound,
-            H, HV, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1,
+            H, HV, K=K, BT=BT, LOG2_BT=BT.bit_length() - 1,
             IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm, USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid,
             HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
             DOT_PRECISION="ieee" if _interpreting() else "tf32",
@@ -119,8 +120,8 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     return st
 
 
-def run_recurrence(st: Stage1, *, out, initial_state, final_state, cu_seqlens, state_v_first) -> None:
-    """Stage 2: carry the state through each sequence, write ``out`` and ``final_state``."""
+def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens, state_v_first) -> None:
+    """Stage 2: carry the state through each sequence (values ``v``), write ``out`` and ``final_state``."""
     B, T, HV, V = out.shape
     K = st.a1.shape[-1]
     if st.N == 0:
@@ -128,7 +129,7 @@ def run_recurrence(st: Stage1, *, out, initial_state, final_state, cu_seqlens, s
     BV = min(VALUE_BLOCK, V)
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
     _chunk_recurrence_kernel[(V // BV, st.N * HV)](
-        st.a1, st.b1, st.aqk, st.kt, st.gl,
+        st.a1, st.tb, st.aqk, st.kt, st.gl, v,
         initial_state, final_state, out,
         cu_seqlens, st.chunk_offsets,
         T, st.a1.shape[1],
@@ -159,5 +160,5 @@ def kda_forward(
     st = prepare_chunks(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
                         cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, use_gate=use_gate,
                         use_beta_sigmoid=use_beta_sigmoid)
-    run_recurrence(st, out=out, initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
+    run_recurrence(st, v, out=out, initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
                    state_v_first=state_v_first)

@@ -1,23 +1,25 @@
-"""Stage 1, chunk-parallel: everything of a chunk of BT tokens that does not depend on the carried state.
+"""Stage 1, chunk-parallel: everything of a chunk of BT tokens that does not depend on the carried state
+or on the values.
 
 One program per (chunk of BT tokens, value head). With q̂, k̂ the l2-normalised q, k, a the per-channel
 log-decay (the fused gate) and β the beta sigmoid, G = the within-chunk cumulative sum of a, it forms
 
     L    = strict_tril(diag(β) · [k̂_i·(k̂_j ⊙ e^{G_i − G_j})]_ij)        (the WY / UT system)
     T    = (I + L)⁻¹
-    W    = T · diag(β) · (k̂ ⊙ e^G),          U0 = T · diag(β) · V
+    W    = T · diag(β) · (k̂ ⊙ e^G)
     Aqk  = tril(scale · [q̂_i·(k̂_j ⊙ e^{G_i − G_j})]_ij),   Qg = scale · q̂ ⊙ e^G
 
 and stores, per chunk (padding rows of a sequence's last chunk included):
 
     a1   = rows of −W and of Qg, interleaved (row 2i, row 2i + 1)    [HV, chunks, 2·BT, K]
-    b1   = U0                                                        [HV, chunks, BT, V]
+    tb   = (T·diag(β))ᵀ, high and low halves in alternating columns  [HV, chunks, BT, 2·BT]
     aqk  = Aqk                                                       [HV, chunks, BT, BT]
     kt   = k̂ ⊙ e^{G_last − G}                                        [HV, chunks, BT, K]
     gl   = e^{G_last}                                                [chunks, HV, K]
 
-With the chunk's state S, the recurrence (chunk_recurrence.py) forms U = U0 − W·S and Qg·S together, as
-a1·S, one product of the state; then O = Qg·S + Aqk·U and S = diag(gl)·S + Ktᵀ·U, two products of U.
+With the chunk's state S and values V, the recurrence (chunk_recurrence.py) forms U0 = T·diag(β)·V (off
+its dependent chain), U = U0 − W·S and Qg·S together, as a1·S, one product of the state; then
+O = Qg·S + Aqk·U and S = diag(gl)·S + Ktᵀ·U, two products of U.
 Padding rows are zero (k̂ = q̂ = β = 0 there), so the recurrence reads whole chunks without masks.
 
 Numerics. G is accumulated in base 2 (log2(e)·a), so each exponential is one ex2 instruction (fastmath.py).
@@ -30,8 +32,8 @@ e^{G_last − G} are those times per-channel factors.
 Pairs j > i may overflow to inf/NaN; they are discarded by selection (tl.where), never used.
 T is built by block doubling: if T_b inverts I + L restricted to diagonal blocks of size b, the blocks of
 size 2b are inverted by T_2b = T_b − T_b·C_b·T_b, C_b the part of L linking the two halves of each 2b block.
-That is exact algebra (no series), in tf32 products; T_1 = I. W and U0 are each two bf16 products, T·diag(β)
-split into high and low bf16 halves (see the kernel).
+That is exact algebra (no series), in tf32 products; T_1 = I. W is two bf16 products, T·diag(β) split into
+high and low bf16 halves (see the kernel); tb keeps both halves for U0.
 """
 
 import triton
@@ -132,11 +134,11 @@ def _log2_decay(g_rows, A_log, dt_bias, i_hv, o_k, lower_bound,
 
 @triton.jit
 def _chunk_prepare_kernel(
-    q, k, v, g, beta, A_log, dt_bias,
-    a1, b1, aqk, kt, gl,
+    q, k, g, beta, A_log, dt_bias,
+    a1, tb, aqk, kt, gl,
     chunk_rows,
     T, NC, scale, lower_bound,
-    H, HV, K: tl.constexpr, V: tl.constexpr,
+    H, HV, K: tl.constexpr,
     BT: tl.constexpr, LOG2_BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_L2NORM: tl.constexpr, USE_GATE: tl.constexpr, USE_BETA_SIGMOID: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, MM_DTYPE: tl.constexpr,
@@ -157,7 +159,6 @@ def _chunk_prepare_kernel(
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)
-    o_v = tl.arange(0, V)
     rows = t0 + o_t
     m_t = rows < eos
 
@@ -217,22 +218,22 @@ def _chunk_prepare_kernel(
         b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
         b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
 
-    # −W to the even rows of a1, U0 to b1: W = (T·diag(β))·(k̂ ⊙ e^{G−r})·diag(e^r), U0 = (T·diag(β))·V.
-    # With bf16 stage tensors, T·diag(β) is split into bf16 high and low halves (~16 bits; tf32 keeps 11) and
-    # the right operands are bf16: k̂ ⊙ e^{G−r} as rounded for L, V as loaded (exact for bf16 inputs). Two bf16
-    # products are as many MMA instructions as one tf32 product, and no fp32 right operand goes through shared
-    # memory (those took 8-way bank conflicts: stage 1 −5..7%, same validation errors; docs/perf-notes.md v13).
-    b_Tb = b_T * b_beta[None, :]
+    # −W to the even rows of a1: W = (T·diag(β))·(k̂ ⊙ e^{G−r})·diag(e^r). With bf16 stage tensors, T·diag(β) is
+    # split into bf16 high and low halves (~16 bits; tf32 keeps 11) against the bf16 right operand k̂ ⊙ e^{G−r}
+    # as rounded for L: two bf16 products are as many MMA instructions as one tf32 product, and no fp32 right
+    # operand goes through shared memory (those took 8-way bank conflicts: docs/perf-notes.md v13).
+    b_tb = b_T * b_beta[None, :]
     if MM_DTYPE == tl.bfloat16:
-        t_hi = b_Tb.to(tl.bfloat16)
-        t_lo = (b_Tb - t_hi.to(tl.float32)).to(tl.bfloat16)
+        t_hi = b_tb.to(tl.bfloat16)
+        t_lo = (b_tb - t_hi.to(tl.float32)).to(tl.bfloat16)
         b_w = _mm(t_hi, k_pos, INTERPRET) + _mm(t_lo, k_pos, INTERPRET)
     else:
-        b_w = tl.dot(b_Tb, k_pos, input_precision=DOT_PRECISION)
+        t_hi = b_tb
+        t_lo = tl.zeros([BT, BT], dtype=tl.float32)
+        b_w = tl.dot(b_tb, k_pos, input_precision=DOT_PRECISION)
     tl.store(p_a1, (-(b_w * e_r[None, :])).to(a1.dtype.element_ty))
-    if v.dtype.element_ty == tl.bfloat16:
-        b_v = tl.load(v + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_t[:, None], other=0.0)
-        b_u = _mm(t_hi, b_v, INTERPRET) + _mm(t_lo, b_v, INTERPRET)
-    else:
-        b_u = tl.dot(b_Tb, _load_rows(v, rows * HV + i_hv, V, o_v, m_t), input_precision=DOT_PRECISION)
-    tl.store(b1 + blk * (BT * V) + o_t[:, None] * V + o_v[None, :], b_u.to(b1.dtype.element_ty))
+    # (T·diag(β))ᵀ with its high and low halves in alternating columns: stage 2 forms U0ᵀ = Vᵀ·(T·diag(β))ᵀ
+    # from the values it reads anyway (v14: V is not read here, U0 not stored).
+    o_2t = tl.arange(0, 2 * BT)
+    tl.store(tb + blk * (2 * BT * BT) + o_t[:, None] * (2 * BT) + o_2t[None, :],
+             tl.reshape(tl.join(tl.trans(t_hi), tl.trans(t_lo)), (BT, 2 * BT)).to(tb.dtype.element_ty))

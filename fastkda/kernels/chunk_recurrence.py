@@ -1,20 +1,24 @@
 """Stage 2, sequential over chunks: carry the state S through a sequence and produce the outputs.
 
 One program per (value-column block of BV, sequence, value head): the recurrence is separable along V, so
-each program owns the block S[:, block]. Per chunk of BT tokens, with the stage-1 tensors of chunk_prepare.py
-(a1: rows of −W and Qg interleaved; b1 = U0; aqk; kt; gl):
+each program owns the block S[:, block]. Per chunk of BT tokens, with the values V[:, block] and the stage-1
+tensors of chunk_prepare.py (a1: rows of −W and Qg interleaved; tb = (T·diag(β))ᵀ; aqk; kt; gl):
 
+    U0 = T·diag(β)·V                                 (independent of the state: off the chain)
     a1 · S = rows of −W·S and Qg·S, interleaved     (one product of the state)
     U = U0 − W·S                                     (corrected values of the chunk)
     S = diag(gl) · S + Ktᵀ · U,   O = Qg·S + Aqk · U  (two products of U)
 
 so the dependent chain from one chunk's state to the next is two matrix products. The program works on the transposes,
 
-    Sᵀ·a1ᵀ,   Sᵀ = Sᵀ · diag(gl) + Uᵀ · Kt,   Oᵀ = (Qg·S)ᵀ + Uᵀ · Aqkᵀ,
+    U0ᵀ = Vᵀ·tb,   Sᵀ·a1ᵀ,   Sᵀ = Sᵀ · diag(gl) + Uᵀ · Kt,   Oᵀ = (Qg·S)ᵀ + Uᵀ · Aqkᵀ,
 
 where every product has M = BV = 64 rows, the shape of Hopper's warpgroup matrix instruction, and its left
 operand (Sᵀ or Uᵀ) is the result of the previous product: it stays in registers. Interleaving puts each
-thread's W·S and Qg·S values side by side in the product's register layout, so separating them costs nothing.
+thread's W·S and Qg·S values side by side in the product's register layout, so separating them costs nothing;
+tb interleaves the high and low bf16 halves of T·diag(β) the same way, so U0ᵀ's two halves land in the
+same layout as −(W·S)ᵀ and are added without moving data. V and tb reach the program as matrix operands,
+through Triton's pipelined (asynchronous, several chunks ahead) loads.
 Products take Sᵀ and Uᵀ rounded to the stage-1 tensor dtype (bf16) with fp32 accumulation; the state itself
 stays fp32 from the initial state to the final state.
 """
@@ -27,7 +31,7 @@ from .matmul import _mm
 
 @triton.jit
 def _chunk_recurrence_kernel(
-    a1, b1, aqk, kt, gl,
+    a1, tb, aqk, kt, gl, v,
     h0, ht, o,
     cu_seqlens, chunk_offsets,
     T, NC,
@@ -63,31 +67,37 @@ def _chunk_recurrence_kernel(
     mm_dtype = a1.dtype.element_ty
     blk0 = (i_hv * NC + c_first).to(tl.int64)
     p_a1 = a1 + blk0 * (2 * BT * K) + o_2t[:, None] * K + o_k[None, :]
-    p_b1 = b1 + blk0 * (BT * V) + o_t[None, :] * V + o_v[:, None]                     # U0ᵀ
+    p_tb = tb + blk0 * (2 * BT * BT) + o_t[:, None] * (2 * BT) + o_2t[None, :]
     p_aqk = aqk + blk0 * (BT * BT) + o_t[:, None] * BT + o_t[None, :]
     p_kt = kt + blk0 * (BT * K) + o_t[:, None] * K + o_k[None, :]
-    # U0 and gl feed element-wise work, which Triton's pipeliner does not prefetch: their loads are issued one
-    # chunk ahead by hand, else each chunk would wait a full memory latency on its decay (measured: 40% of
-    # stage 2's stall samples sat on that load).
+    # gl feeds element-wise work, which Triton's pipeliner does not prefetch: its load is issued one chunk ahead
+    # by hand, else each chunk would wait a full memory latency on its decay (measured: 40% of stage 2's stall
+    # samples sat on that load). U0 used to be such a load (30% of the samples in v13); now it is a product.
     p_gl = gl + (c_first * HV + i_hv) * K + o_k
-    b_u0_next = tl.load(p_b1)          # slot c_first exists even for an empty sequence (kernels/__init__.py)
-    b_gl_next = tl.load(p_gl)
+    b_gl_next = tl.load(p_gl)          # slot c_first exists even for an empty sequence (kernels/__init__.py)
     for c in range(n_chunks):
+        rows = bos + c * BT + o_t
         b_a1 = tl.load(p_a1 + c * (2 * BT * K))
         b_aqk = tl.load(p_aqk + c * (BT * BT))
         b_kt = tl.load(p_kt + c * (BT * K))
-        b_u0 = b_u0_next
+        b_tb = tl.load(p_tb + c * (2 * BT * BT))
+        b_vt = tl.load(v + (rows * HV + i_hv)[None, :] * V + o_v[:, None], mask=(rows < eos)[None, :], other=0.0)
         b_gl = b_gl_next
         c_next = tl.minimum(c + 1, n_chunks - 1)                      # the last chunk reloads itself
-        b_u0_next = tl.load(p_b1 + c_next * (BT * V))
         b_gl_next = tl.load(p_gl + c_next * (HV * K))
 
+        # Vᵀ·tb: columns U0ᵀ's high and low halves alternate (exact bf16 operands for bf16 values; fp16 and
+        # fp32 values in tf32, as exact for fp16).
+        if v.dtype.element_ty == mm_dtype:
+            b_u0 = _mm(b_vt, b_tb, INTERPRET)
+        else:
+            b_u0 = _mm(b_vt.to(tl.float32), b_tb.to(tl.float32), INTERPRET)
+        b_u0_hi, b_u0_lo = tl.split(tl.reshape(b_u0, (BV, BT, 2)))
         # Sᵀ·a1ᵀ: columns −(W·S)ᵀ and (Qg·S)ᵀ alternate; each thread holds pairs side by side.
         b_ws, b_qs = tl.split(tl.reshape(_mm(b_st.to(mm_dtype), tl.trans(b_a1), INTERPRET), (BV, BT, 2)))
-        b_umm = (b_u0.to(tl.float32) + b_ws).to(mm_dtype)                                  # Uᵀ
+        b_umm = (b_ws + b_u0_hi + b_u0_lo).to(mm_dtype)                                    # Uᵀ
         b_st = b_st * b_gl[None, :] + _mm(b_umm, b_kt, INTERPRET)
         b_ot = b_qs + _mm(b_umm, tl.trans(b_aqk), INTERPRET)
-        rows = bos + c * BT + o_t
         tl.store(o + (rows * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
                  mask=(rows < eos)[None, :])
 
