@@ -192,3 +192,30 @@ def test_chunk_tables_of_packed_sequences(cu_dtype):
     pairs = rows.cpu().view(-1, 2).tolist()
     assert [tuple(p) for p in pairs[:len(expect_rows)]] == expect_rows
     assert all(t0 == eos == 0 for t0, eos in pairs[len(expect_rows):])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_stage1_tb_holds_the_transposed_inverse_times_beta(dtype):
+    # Stage 2 forms U0ᵀ = Vᵀ·tb, then adds the even and odd columns: tb[j, 2i] + tb[j, 2i + 1] must be
+    # (T·diag(β))[i, j], with T = (I + L)⁻¹ unit lower triangular: upper triangular in (j, i), β on the
+    # diagonal, zero for padding tokens (β = 0 there). Halves: bf16 high and low parts; fp32 keeps one.
+    from fastkda.kernels import CHUNK_SIZE as BT, prepare_chunks
+    lens = [BT + 5, 3]
+    x, p, _ = make(lens, K=64, V=64, dtype=dtype, seed=12)
+    st = prepare_chunks(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=p["scale"], A_log=p["A_log"],
+                        dt_bias=p["dt_bias"], lower_bound=p["lower_bound"], cu_seqlens=p["cu_seqlens"],
+                        use_qk_l2norm=True, use_gate=True, use_beta_sigmoid=True)
+    tb = st.tb[0, :3].float().cpu()                               # the three chunks of the two sequences
+    tbt = tb[:, :, 0::2] + tb[:, :, 1::2]                         # [chunk, j, i] = (T·diag(β))[i, j]
+    beta = torch.sigmoid(x["beta"][0, :, 0].float().cpu())
+    betas = [beta[:BT], torch.cat([beta[BT:BT + 5], torch.zeros(BT - 5)]),
+             torch.cat([beta[BT + 5:], torch.zeros(BT - 3)])]
+    for c in range(3):
+        assert torch.allclose(torch.diagonal(tbt[c]), betas[c], rtol=1e-2, atol=1e-6)
+        assert torch.count_nonzero(torch.tril(tbt[c], -1)) == 0   # (Tβ)ᵀ: nothing below the diagonal
+    assert torch.count_nonzero(tbt[1][:, 5:]) == 0 and torch.count_nonzero(tbt[2][:, 3:]) == 0
+    if dtype == torch.float32:
+        assert torch.count_nonzero(tb[:, :, 1::2]) == 0
+    else:                                                         # the low half refines the high half
+        lo = tb[:, :, 1::2].abs()
+        assert lo.max() > 0 and bool((lo <= tb[:, :, 0::2].abs() * 2 ** -7 + 1e-30).all())
