@@ -23,6 +23,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # cp.async of a pointer tile into shared memory: `async_copy_global_to_shared` up to Triton 3.6 (the device's),
 # renamed `async_load` later (CI's 3.9 raises on the old name).
 _cp_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
+# The CTA-wide barrier: `thread_barrier` in 3.6, `barrier` later.
+_cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
 
 @gluon.jit
@@ -144,7 +146,7 @@ def _chunk_recurrence_gluon_kernel(
             c = c0 + j
             if c < n_chunks:
                 async_copy.wait_group(STAGES - 2)               # chunk c's copies have landed (this thread's)
-                gl.barrier()                                     # ... and every thread's
+                _cta_barrier()                                   # ... and every thread's
                 fence_async_shared()
                 b_gl = b_gl_next
                 c_next = gl.minimum(c + 1, n_chunks - 1)
