@@ -15,7 +15,6 @@ Arguments are assumed checked (fastkda.checks); this module only allocates the s
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import NamedTuple, Optional
 
@@ -33,7 +32,6 @@ STAGE1_WARPS = 4
 STAGE1_MAXNREG = 168   # registers per thread in stage 1: three programs per SM (docs/perf-notes.md)
 STAGE2_WARPS = 4
 STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors)
-STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -122,26 +120,6 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     return st
 
 
-def _gluon_stage2_applies(st: Stage1, v) -> bool:
-    """The Gluon stage 2 covers bf16 stage tensors and values on Hopper; elsewhere the Triton one runs (also
-    under the CPU interpreter, which cannot run Gluon)."""
-    return (STAGE2_GLUON and not _interpreting() and v.is_cuda and st.a1.dtype == torch.bfloat16
-            and v.dtype == torch.bfloat16 and torch.cuda.get_device_capability(v.device)[0] == 9)
-
-
-@functools.lru_cache(maxsize=None)
-def _gluon_layouts(K: int, BV: int, BT: int) -> dict:
-    """Register layouts of the Gluon stage 2's global loads (16-byte vectors along rows) and output store."""
-    from triton.experimental.gluon import language as gl
-
-    def rows(cols):
-        lanes = min(32, cols // 8)
-        return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [4, 1], [1, 0])
-
-    return dict(L_A1=rows(K), L_KT=rows(K), L_SQ=rows(BT), L_TB=rows(2 * BT), L_V=rows(BV),
-                L_OUT=gl.BlockedLayout([8, 1], [BV // 8, 32 * 8 // BV], [1, 4], [0, 1]))
-
-
 def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens, state_v_first) -> None:
     """Stage 2: carry the state through each sequence (values ``v``), write ``out`` and ``final_state``."""
     B, T, HV, V = out.shape
@@ -150,19 +128,6 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
         return
     BV = min(VALUE_BLOCK, V)
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
-    if _gluon_stage2_applies(st, v):
-        from .chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
-        _chunk_recurrence_gluon_kernel[(V // BV, st.N * HV)](
-            st.a1, st.tb, st.aqk, st.kt, st.gl, v,
-            initial_state, final_state, out,
-            cu_seqlens, st.chunk_offsets,
-            T, st.a1.shape[1],
-            s_state_k, s_state_v,
-            HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, STAGES=3,
-            IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
-            **_gluon_layouts(K, BV, CHUNK_SIZE), num_warps=4,
-        )
-        return
     _chunk_recurrence_kernel[(V // BV, st.N * HV)](
         st.a1, st.tb, st.aqk, st.kt, st.gl, v,
         initial_state, final_state, out,
