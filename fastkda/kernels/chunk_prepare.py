@@ -33,7 +33,8 @@ Pairs j > i may overflow to inf/NaN; they are discarded by selection (tl.where),
 T is built by block doubling: if T_b inverts I + L restricted to diagonal blocks of size b, the blocks of
 size 2b are inverted by T_2b = T_b − T_b·C_b·T_b, C_b the part of L linking the two halves of each 2b block.
 That is exact algebra (no series), in tf32 products; T_1 = I. W is two bf16 products, T·diag(β) split into
-high and low bf16 halves (see the kernel); tb keeps both halves for U0.
+high and low bf16 halves (see the kernel); tb keeps both halves for U0 (with fp32 stage tensors the low
+half is zero: T·diag(β) is stored whole).
 """
 
 import triton
