@@ -34,7 +34,7 @@ from fastkda.kernels.chunk_recurrence import _chunk_recurrence_kernel
 RUNTIME_TYPES = {
     "q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
     "dt_bias": "*fp32", "a1": "*bf16", "tb": "*bf16", "aqk": "*bf16", "kt": "*bf16",
-    "gl": "*fp32", "h0": "*fp32", "ht": "*fp32", "o": "*bf16",
+    "gl": "*fp32", "gl_ptr": "*fp32", "h0": "*fp32", "ht": "*fp32", "o": "*bf16",
     "cu_seqlens": "*i32", "chunk_offsets": "*i32", "chunk_rows": "*i32",
     "T": "i32", "NC": "i32", "N": "i32", "H": "i32", "HV": "i32", "search_steps": "i32",
     "s_state_k": "i32", "s_state_v": "i32", "scale": "fp32", "lower_bound": "fp32",
@@ -60,13 +60,13 @@ def _ptxas_version_limit(ptxas: str) -> str:
 NOT_DIVISIBLE = ("N", "scale", "lower_bound", "s_state_v")
 
 
-def compile_sm90(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg=None):
+def compile_sm90(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg=None, source=ASTSource):
     names = kernel.arg_names
     signature = {n: (RUNTIME_TYPES[n] if n not in constexprs else "constexpr") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if n not in constexprs and n not in NOT_DIVISIBLE}
-    src = ASTSource(fn=kernel, signature=signature, attrs=attrs,
-                    constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    src = source(fn=kernel, signature=signature, attrs=attrs,
+                 constexprs={(names.index(n),): v for n, v in constexprs.items()})
     options = dict(num_warps=num_warps, num_stages=num_stages)
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
@@ -149,6 +149,14 @@ def main():
         print(f"{title}: {report(compiled)}")
         if args.by_line:
             print(by_line(compiled, args.by_line))
+    # The Gluon stage 2 (what runs on Hopper with bf16 values).
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from fastkda.kernels.chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
+    gluon2 = dict(common, V=D, BV=64, HAS_H0=True, STORE_HT=True, **kernels._gluon_layouts(D, 64, BT))
+    compiled = compile_sm90(_chunk_recurrence_gluon_kernel, gluon2, kernels.STAGE2_WARPS, 1, source=GluonASTSource)
+    print(f"stage 2, Gluon (BT={BT}, D={D}, {kernels.STAGE2_WARPS} warps): {report(compiled)}")
+    if args.by_line:
+        print(by_line(compiled, args.by_line))
 
 
 if __name__ == "__main__":

@@ -64,3 +64,47 @@ def test_full_validation_suite_passes_every_tier():
     report = run_suite(fastkda.fwd, tiers="all", device="cuda", size="full")
     print(report.table())
     assert report.passed, "\n".join(r.message for r in report.results if not r.passed)
+
+
+@pytest.mark.parametrize("D,lens,H,HV,with_h0,state_v_first", [
+    (128, [8192], 2, 2, True, True),
+    (128, [100, 0, 333, 64, 1], 2, 4, False, False),
+    (64, [31, 32, 33, 0], 1, 2, True, False),
+])
+def test_gluon_stage2_matches_the_triton_stage2(D, lens, H, HV, with_h0, state_v_first):
+    # The Hopper stage 2 (Gluon) and the portable one (Triton) run the same math on the same stage-1 tensors;
+    # they differ only in fp32 summation order (Uᵀ in one accumulator vs three), which the bf16 rounding of
+    # Uᵀ for the next products amplifies to ~1e-4 relative. Covers padding rows, an empty sequence (final
+    # state = initial state exactly), both state layouts, no initial state, K = V = 64.
+    from fastkda import kernels
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon stage 2 runs on Hopper")
+    gen = torch.Generator().manual_seed(len(lens))
+    T = sum(lens)
+    q, k = (torch.randn(1, T, H, D, generator=gen).to(torch.bfloat16).cuda() for _ in range(2))
+    v, g = (torch.randn(1, T, HV, D, generator=gen).to(torch.bfloat16).cuda() for _ in range(2))
+    beta = torch.randn(1, T, HV, generator=gen).to(torch.bfloat16).cuda()
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    h0 = (0.1 * torch.randn(len(lens), HV, D, D, generator=gen)).cuda() if with_h0 else None
+    st = kernels.prepare_chunks(q, k, v, g, beta, scale=D ** -0.5, A_log=torch.rand(HV).cuda(),
+                                dt_bias=torch.rand(HV, D).cuda(), lower_bound=-5.0, cu_seqlens=cu,
+                                use_qk_l2norm=True, use_gate=True, use_beta_sigmoid=True)
+    assert kernels.gluon_stage2_applies(st, v)
+    results = []
+    for use_gluon in (True, False):
+        out = torch.full_like(v, float("nan"))
+        ht = torch.full((len(lens), HV, D, D), float("nan"), device="cuda")
+        saved, kernels.STAGE2_GLUON = kernels.STAGE2_GLUON, use_gluon
+        try:
+            kernels.run_recurrence(st, v, out=out, initial_state=h0, final_state=ht, cu_seqlens=cu,
+                                   state_v_first=state_v_first)
+        finally:
+            kernels.STAGE2_GLUON = saved
+        results.append((out.float(), ht))
+    (o_g, s_g), (o_t, s_t) = results
+    assert not o_g.isnan().any() and not s_g.isnan().any()
+    assert float((o_g - o_t).norm() / o_t.norm()) < 1e-3
+    assert float((s_g - s_t).norm() / s_t.norm()) < 1e-3
+    empty = [n for n, length in enumerate(lens) if length == 0]
+    for n in empty:
+        assert torch.equal(s_g[n], h0[n] if with_h0 else torch.zeros_like(s_g[n]))

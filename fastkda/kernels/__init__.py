@@ -15,6 +15,7 @@ Arguments are assumed checked (fastkda.checks); this module only allocates the s
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple, Optional
 
@@ -31,7 +32,8 @@ VALUE_BLOCK = 64     # BV: state columns per stage-2 program
 STAGE1_WARPS = 4
 STAGE1_MAXNREG = 168   # registers per thread in stage 1: three programs per SM (docs/perf-notes.md)
 STAGE2_WARPS = 4
-STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors)
+STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, Triton kernel)
+STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -97,7 +99,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     sdt = stage_dtype(q.dtype)
     slots = max(n_chunks, 1)
     st = Stage1(a1=torch.empty(HV, slots, 2 * BT, K, dtype=sdt, device=device),
-                tb=torch.empty(HV, slots, BT, 2 * BT, dtype=sdt, device=device),
+                tb=torch.empty(HV, slots, 2 * BT, BT, dtype=sdt, device=device),
                 aqk=torch.empty(HV, slots, BT, BT, dtype=sdt, device=device),
                 kt=torch.empty(HV, slots, BT, K, dtype=sdt, device=device),
                 gl=torch.empty(slots, HV, K, dtype=torch.float32, device=device),
@@ -120,6 +122,26 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     return st
 
 
+def gluon_stage2_applies(st: Stage1, v) -> bool:
+    """The Gluon stage 2 covers bf16 stage tensors and values on Hopper (sm_90); elsewhere, and under the CPU
+    interpreter (which cannot run Gluon), the Triton stage 2 runs."""
+    return (STAGE2_GLUON and not _interpreting() and v.is_cuda and st.a1.dtype == torch.bfloat16
+            and v.dtype == torch.bfloat16 and torch.cuda.get_device_capability(v.device)[0] == 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_layouts(K: int, BV: int, BT: int) -> dict:
+    """Register layouts of the Gluon stage 2's copies: 16-byte vectors along rows; gl one value per thread."""
+    from triton.experimental.gluon import language as gl
+
+    def rows(cols):
+        lanes = min(32, cols // 8)
+        return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [STAGE2_WARPS, 1], [1, 0])
+
+    return dict(L_K=rows(K), L_T=rows(BT), L_V=rows(BV),
+                L_G=gl.BlockedLayout([max(1, K // (32 * STAGE2_WARPS))], [32], [STAGE2_WARPS], [0]))
+
+
 def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens, state_v_first) -> None:
     """Stage 2: carry the state through each sequence (values ``v``), write ``out`` and ``final_state``."""
     B, T, HV, V = out.shape
@@ -128,6 +150,19 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
         return
     BV = min(VALUE_BLOCK, V)
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
+    if gluon_stage2_applies(st, v):
+        from .chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
+        _chunk_recurrence_gluon_kernel[(V // BV, st.N * HV)](
+            st.a1, st.tb, st.aqk, st.kt, st.gl, v,
+            initial_state, final_state, out,
+            cu_seqlens, st.chunk_offsets,
+            T, st.a1.shape[1],
+            s_state_k, s_state_v,
+            HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
+            IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
+            **_gluon_layouts(K, BV, CHUNK_SIZE), num_warps=STAGE2_WARPS,
+        )
+        return
     _chunk_recurrence_kernel[(V // BV, st.N * HV)](
         st.a1, st.tb, st.aqk, st.kt, st.gl, v,
         initial_state, final_state, out,

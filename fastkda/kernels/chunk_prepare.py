@@ -11,8 +11,8 @@ log-decay (the fused gate) and β the beta sigmoid, G = the within-chunk cumulat
 
 and stores, per chunk (padding rows of a sequence's last chunk included):
 
-    a1   = rows of −W and of Qg, interleaved (row 2i, row 2i + 1)    [HV, chunks, 2·BT, K]
-    tb   = (T·diag(β))ᵀ, high and low halves in alternating columns  [HV, chunks, BT, 2·BT]
+    a1   = −W (rows 0 .. BT − 1), then Qg (rows BT .. 2·BT − 1)     [HV, chunks, 2·BT, K]
+    tb   = (T·diag(β))ᵀ, high half (rows 0 .. BT − 1), then low half [HV, chunks, 2·BT, BT]
     aqk  = Aqk                                                       [HV, chunks, BT, BT]
     kt   = k̂ ⊙ e^{G_last − G}                                        [HV, chunks, BT, K]
     gl   = e^{G_last}                                                [chunks, HV, K]
@@ -197,13 +197,13 @@ def _chunk_prepare_kernel(
     e_pos = _exp2(b_G - r_ref[None, :], INTERPRET)                                # e^{G − r}
 
     # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})) and Qg = scale · q̂ ⊙ e^{G − r} · e^{r}, both stored now;
-    # Qg goes to the odd rows of a1.
-    p_a1 = a1 + blk * (2 * BT * K) + (2 * o_t)[:, None] * K + o_k[None, :]
+    # Qg goes to the second half of a1.
+    p_a1 = a1 + blk * (2 * BT * K) + o_t[:, None] * K + o_k[None, :]
     q_pos = b_q * e_pos
     b_aqk = _mm(q_pos.to(MM_DTYPE), tl.trans(k_neg), INTERPRET)
     b_aqk = tl.where(o_t[None, :] <= o_t[:, None], b_aqk * scale, 0.0)
     tl.store(aqk + blk * (BT * BT) + o_t[:, None] * BT + o_t[None, :], b_aqk.to(aqk.dtype.element_ty))
-    tl.store(p_a1 + K, (q_pos * (e_r * scale)[None, :]).to(a1.dtype.element_ty))
+    tl.store(p_a1 + BT * K, (q_pos * (e_r * scale)[None, :]).to(a1.dtype.element_ty))
 
     # L = strict_tril(diag(β) · k̂_i·(k̂_j ⊙ e^{G_i − G_j})); k̂ ⊙ e^{G − r} is kept for W.
     k_pos = (b_k * e_pos).to(MM_DTYPE)
@@ -233,8 +233,8 @@ def _chunk_prepare_kernel(
         t_lo = tl.zeros([BT, BT], dtype=tl.float32)
         b_w = tl.dot(b_tb, k_pos, input_precision=DOT_PRECISION)
     tl.store(p_a1, (-(b_w * e_r[None, :])).to(a1.dtype.element_ty))
-    # (T·diag(β))ᵀ with its high and low halves in alternating columns: stage 2 forms U0ᵀ = Vᵀ·(T·diag(β))ᵀ
-    # from the values it reads anyway (v14: V is not read here, U0 not stored).
-    o_2t = tl.arange(0, 2 * BT)
-    tl.store(tb + blk * (2 * BT * BT) + o_t[:, None] * (2 * BT) + o_2t[None, :],
-             tl.reshape(tl.join(tl.trans(t_hi), tl.trans(t_lo)), (BT, 2 * BT)).to(tb.dtype.element_ty))
+    # (T·diag(β))ᵀ, high half above the low half: stage 2 forms U0ᵀ = Vᵀ·(T·diag(β))ᵀ from the values it
+    # reads anyway (v14: V is not read here, U0 not stored).
+    p_tb = tb + blk * (2 * BT * BT) + o_t[None, :] * BT + o_t[:, None]                    # [i, j] -> tb[j, i]
+    tl.store(p_tb, t_hi.to(tb.dtype.element_ty))
+    tl.store(p_tb + BT * BT, t_lo.to(tb.dtype.element_ty))

@@ -2,10 +2,10 @@
 
 One program per (value-column block of BV, sequence, value head): the recurrence is separable along V, so
 each program owns the block S[:, block]. Per chunk of BT tokens, with the values V[:, block] and the stage-1
-tensors of chunk_prepare.py (a1: rows of −W and Qg interleaved; tb = (T·diag(β))ᵀ; aqk; kt; gl):
+tensors of chunk_prepare.py (a1: −W and Qg; tb = (T·diag(β))ᵀ in bf16 halves; aqk; kt; gl):
 
     U0 = T·diag(β)·V                                 (independent of the state: off the chain)
-    a1 · S = rows of −W·S and Qg·S, interleaved     (one product of the state)
+    a1 · S = −W·S and Qg·S                         (one product of the state)
     U = U0 − W·S                                     (corrected values of the chunk)
     S = diag(gl) · S + Ktᵀ · U,   O = Qg·S + Aqk · U  (two products of U)
 
@@ -14,11 +14,14 @@ so the dependent chain from one chunk's state to the next is two matrix products
     U0ᵀ = Vᵀ·tb,   Sᵀ·a1ᵀ,   Sᵀ = Sᵀ · diag(gl) + Uᵀ · Kt,   Oᵀ = (Qg·S)ᵀ + Uᵀ · Aqkᵀ,
 
 where every product has M = BV = 64 rows, the shape of Hopper's warpgroup matrix instruction, and its left
-operand (Sᵀ or Uᵀ) is the result of the previous product: it stays in registers. Interleaving puts each
-thread's W·S and Qg·S values side by side in the product's register layout, so separating them costs nothing;
-tb interleaves the high and low bf16 halves of T·diag(β) the same way, so U0ᵀ's two halves land in the
-same layout as −(W·S)ᵀ and are added without moving data. V and tb reach the program as matrix operands,
-through Triton's pipelined (asynchronous, several chunks ahead) loads.
+operand (Sᵀ or Uᵀ) is the result of the previous product: it stays in registers. The a1 tile is loaded
+with the −W and Qg rows interleaved, which puts each thread's W·S and Qg·S values side by side in the
+product's register layout, so separating them costs nothing; the tb tile is loaded with the high and low
+bf16 halves of T·diag(β) in alternating columns, so U0ᵀ's two halves land in the same layout as −(W·S)ᵀ and
+are added without moving data. V and tb reach the program as matrix operands, through Triton's pipelined
+(asynchronous, several chunks ahead) loads. On Hopper with bf16 values, chunk_recurrence_gluon.py runs
+instead (same math, products overlapped by hand); this kernel serves the other dtypes, other GPUs and the
+CPU interpreter.
 Products take Sᵀ and Uᵀ rounded to the stage-1 tensor dtype (bf16) with fp32 accumulation; the state itself
 stays fp32 from the initial state to the final state.
 """
@@ -54,7 +57,8 @@ def _chunk_recurrence_kernel(
     n_chunks = tl.cdiv(eos - bos, BT)
 
     o_t = tl.arange(0, BT)
-    o_2t = tl.arange(0, 2 * BT)          # rows of an a1 block: −W and Qg rows interleaved
+    o_2t = tl.arange(0, 2 * BT)
+    o_half, o_pair = o_2t % 2, o_2t // 2     # tile index 2i + h <-> stored half h, index i
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     # Sᵀ[vv, kk] = S[kk, vv] of this (sequence, head) sits at kk * s_state_k + vv * s_state_v.
@@ -66,8 +70,9 @@ def _chunk_recurrence_kernel(
 
     mm_dtype = a1.dtype.element_ty
     blk0 = (i_hv * NC + c_first).to(tl.int64)
-    p_a1 = a1 + blk0 * (2 * BT * K) + o_2t[:, None] * K + o_k[None, :]
-    p_tb = tb + blk0 * (2 * BT * BT) + o_t[:, None] * (2 * BT) + o_2t[None, :]
+    # a1 tile rows 2i, 2i + 1 = −W row i, Qg row i; tb tile columns 2i, 2i + 1 = high, low half of column i.
+    p_a1 = a1 + blk0 * (2 * BT * K) + (o_half * BT + o_pair)[:, None] * K + o_k[None, :]
+    p_tb = tb + blk0 * (2 * BT * BT) + (o_half * (BT * BT) + o_pair)[None, :] + o_t[:, None] * BT
     p_aqk = aqk + blk0 * (BT * BT) + o_t[:, None] * BT + o_t[None, :]
     p_kt = kt + blk0 * (BT * K) + o_t[:, None] * K + o_k[None, :]
     # gl feeds element-wise work, which Triton's pipeliner does not prefetch: its load is issued one chunk ahead

@@ -1,0 +1,184 @@
+"""Stage 2 in Gluon (Hopper, bf16 stage tensors and values): the recurrence of chunk_recurrence.py, same
+math, with the products' waits placed by hand.
+
+One program (one warpgroup) per (value-column block of BV, sequence, value head); Sᵀ [BV × K] fp32 stays in
+registers. Per chunk of BT tokens, with the stage-1 tensors of chunk_prepare.py (a1 = [−W; Qg], tb = the high
+and low bf16 halves of (T·diag(β))ᵀ, aqk, kt, gl) and the values V:
+
+    Uᵀ  = Sᵀ·(−W)ᵀ + Vᵀ·tb_high + Vᵀ·tb_low      three asynchronous products, one accumulator
+    Pᵀ  = Sᵀ·Qgᵀ                                   beside them; one wait, for Uᵀ only
+    Sᵀ ← Sᵀ·diag(gl) + Uᵀ·Kt                       the state product
+    Oᵀ  = Pᵀ + Uᵀ·Aqkᵀ                              chained onto Pᵀ's accumulator; one wait for both
+
+Every accumulator has the wgmma register layout of its own width, and Uᵀ, an accumulator with N = BT
+columns, is already in the register layout of a left operand with BT columns: no data moves between
+products (plain Triton waits after each product whose accumulator is not loop-carried, and the Gluon
+version of session 4 split interleaved accumulators, which cost layout conversions: docs/perf-notes.md).
+The stage-1 tiles, the values and gl reach shared memory through a ring of three slots of asynchronous
+copies (cp.async), issued two chunks ahead; gl is read from there in the state's column layout.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
+)
+
+# cp.async of a pointer tile into shared memory: `async_copy_global_to_shared` up to Triton 3.6 (the device's),
+# renamed `async_load` later (CI's 3.9 raises on the old name).
+_cp_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
+# The CTA-wide barrier: `thread_barrier` in 3.6, `barrier` later.
+_cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+
+@gluon.jit
+def _copy_tile(dst, base, R: gl.constexpr, C: gl.constexpr, row_stride, L: gl.constexpr):
+    """cp.async of the [R, C] tile at base (rows row_stride apart, columns contiguous) into dst."""
+    r = gl.arange(0, R, layout=gl.SliceLayout(1, L))
+    c = gl.arange(0, C, layout=gl.SliceLayout(0, L))
+    _cp_async(dst, base + r[:, None] * row_stride + c[None, :])
+
+
+@gluon.jit
+def _issue_chunk_loads(c, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos, i_hv, i_v,
+                       w_s, q_s, kt_s, aqk_s, th_s, tl_s, v_s, g_s,
+                       HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr,
+                       L_K: gl.constexpr, L_T: gl.constexpr, L_V: gl.constexpr, L_G: gl.constexpr):
+    """Copies of chunk c's tiles into one ring slot. Past the last chunk the last chunk is copied again
+    (never read); an empty sequence copies its slot c_first, which exists (kernels/__init__.py)."""
+    c = gl.maximum(gl.minimum(c, n_chunks - 1), 0)
+    blk = blk0 + c
+    _copy_tile(w_s, a1 + blk * (2 * BT * K), BT, K, K, L_K)
+    _copy_tile(q_s, a1 + blk * (2 * BT * K) + BT * K, BT, K, K, L_K)
+    _copy_tile(kt_s, kt + blk * (BT * K), BT, K, K, L_K)
+    _copy_tile(aqk_s, aqk + blk * (BT * BT), BT, BT, BT, L_T)
+    _copy_tile(th_s, tb + blk * (2 * BT * BT), BT, BT, BT, L_T)
+    _copy_tile(tl_s, tb + blk * (2 * BT * BT) + BT * BT, BT, BT, BT, L_T)
+    o_g = gl.arange(0, K, layout=L_G)
+    _cp_async(g_s, gl_ptr + ((c_first + c) * HV + i_hv) * K + o_g)
+    rv = bos + c * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, L_V))
+    cv = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, L_V))
+    _cp_async(v_s, v + (rv * HV + i_hv)[:, None] * V + cv[None, :],           # rows past eos: zero-filled
+              mask=(rv < eos)[:, None] & (cv < V)[None, :])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _chunk_recurrence_gluon_kernel(
+    a1, tb, aqk, kt, gl_ptr, v,
+    h0, ht, o,
+    cu_seqlens, chunk_offsets,
+    T, NC,
+    s_state_k, s_state_v,
+    HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr,
+    IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
+    L_K: gl.constexpr, L_T: gl.constexpr, L_V: gl.constexpr, L_G: gl.constexpr,
+):
+    STAGES: gl.constexpr = 3
+    i_v = gl.program_id(0)
+    i_nh = gl.program_id(1)
+    n = i_nh // HV
+    i_hv = i_nh % HV
+    if IS_VARLEN:
+        bos = gl.load(cu_seqlens + n).to(gl.int32)
+        eos = gl.load(cu_seqlens + n + 1).to(gl.int32)
+        c_first = gl.load(chunk_offsets + n)
+    else:
+        bos = n * T
+        eos = bos + T
+        c_first = n * gl.cdiv(T, BT)
+    n_chunks = gl.cdiv(eos - bos, BT)
+
+    # wgmma accumulators (one warpgroup, M = BV rows): N = K for the state, N = BT for Uᵀ, Pᵀ and Oᵀ; left
+    # operands from registers with K (Sᵀ) or BT (Uᵀ) columns.
+    acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
+    a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
+
+    # The ring: three slots as separate buffers (shared-memory shapes must be powers of two), picked by a
+    # compile-time index, so the chunk loop is unrolled three times.
+    sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    sw_v: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    w_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
+           gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
+           gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k))
+    q_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
+           gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
+           gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k))
+    kt_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
+            gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
+            gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k))
+    aqk_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
+             gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
+             gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t))
+    th_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
+            gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
+            gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t))
+    tl_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
+            gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
+            gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t))
+    v_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, BV], sw_v),
+           gl.allocate_shared_memory(gl.bfloat16, [BT, BV], sw_v),
+           gl.allocate_shared_memory(gl.bfloat16, [BT, BV], sw_v))
+    g_r = (gl.allocate_shared_memory(gl.float32, [K], flat),
+           gl.allocate_shared_memory(gl.float32, [K], flat),
+           gl.allocate_shared_memory(gl.float32, [K], flat))
+
+    blk0 = (i_hv * NC + c_first).to(gl.int64)
+    for j in gl.static_range(STAGES - 1):
+        _issue_chunk_loads(j, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos, i_hv, i_v,
+                           w_r[j], q_r[j], kt_r[j], aqk_r[j], th_r[j], tl_r[j], v_r[j], g_r[j],
+                           HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
+
+    # Sᵀ[vv, kk] = S[kk, vv] of this (sequence, head) sits at kk * s_state_k + vv * s_state_v.
+    if HAS_H0:
+        o_vs = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, acc_k))
+        o_ks = gl.arange(0, K, layout=gl.SliceLayout(0, acc_k))
+        b_st = gl.load(h0 + (n * HV + i_hv) * K * V + o_vs[:, None] * s_state_v + o_ks[None, :] * s_state_k)
+        b_st = b_st.to(gl.float32)
+    else:
+        b_st = gl.zeros([BV, K], gl.float32, layout=acc_k)
+
+    o_vo = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, acc_t))
+    o_to = gl.arange(0, BT, layout=gl.SliceLayout(0, acc_t))
+    for c0 in range(0, n_chunks, STAGES):
+        for j in gl.static_range(STAGES):
+            c = c0 + j
+            if c < n_chunks:
+                async_copy.wait_group(STAGES - 2)       # this thread's copies of chunk c have landed
+                _cta_barrier()                           # ... and every thread's; chunk c − 1 is done everywhere
+                fence_async_shared()
+                # Refill chunk c − 1's slot (all its readers waited) with chunk c + 2: two chunks of lead.
+                jn: gl.constexpr = (j + STAGES - 1) % STAGES
+                _issue_chunk_loads(c + STAGES - 1, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos,
+                                   i_hv, i_v, w_r[jn], q_r[jn], kt_r[jn], aqk_r[jn], th_r[jn], tl_r[jn], v_r[jn],
+                                   g_r[jn], HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
+
+                # Sᵀ in bf16 as a register operand (the accumulator layout is already the operand layout);
+                # formed before any product is in flight, so ptxas needs no wait to protect its registers.
+                b_sa = gl.convert_layout(b_st.to(gl.bfloat16), a_k)
+                b_u = warpgroup_mma(b_sa, w_r[j].permute((1, 0)), gl.zeros([BV, BT], gl.float32, layout=acc_t),
+                                    is_async=True)
+                b_u = warpgroup_mma(v_r[j].permute((1, 0)), th_r[j], b_u, is_async=True)
+                b_u = warpgroup_mma(v_r[j].permute((1, 0)), tl_r[j], b_u, is_async=True)
+                b_p = warpgroup_mma(b_sa, q_r[j].permute((1, 0)), gl.zeros([BV, BT], gl.float32, layout=acc_t),
+                                    is_async=True)
+                b_u, b_sa = warpgroup_mma_wait(1, deps=[b_u, b_sa])  # Uᵀ done; Pᵀ may still be in flight
+                b_ub = b_u.to(gl.bfloat16)
+                b_gl = g_r[j].load(gl.SliceLayout(0, acc_k))
+                b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_r[j], b_st * gl.expand_dims(b_gl, 0), is_async=True)
+                b_o = warpgroup_mma(gl.convert_layout(b_ub, a_t), aqk_r[j].permute((1, 0)), b_p, is_async=True)
+                b_st, b_o = warpgroup_mma_wait(0, deps=[b_st, b_o])
+                rows = bos + c * BT + o_to
+                gl.store(o + (rows * HV + i_hv)[None, :] * V + o_vo[:, None], b_o.to(o.dtype.element_ty),
+                         mask=(rows < eos)[None, :])
+
+    async_copy.wait_group(0)
+    if STORE_HT:
+        o_vs = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, acc_k))
+        o_ks = gl.arange(0, K, layout=gl.SliceLayout(0, acc_k))
+        gl.store(ht + (n * HV + i_hv) * K * V + o_vs[:, None] * s_state_v + o_ks[None, :] * s_state_k,
+                 b_st.to(ht.dtype.element_ty))
