@@ -138,7 +138,7 @@ def _gluon_layouts(K: int, BV: int, BT: int) -> dict:
         lanes = min(32, cols // 8)
         return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [STAGE2_WARPS, 1], [1, 0])
 
-    return dict(L_K=rows(K), L_T=rows(BT), L_V=rows(BV),
+    return dict(L_K=rows(K), L_T=rows(BT), L_V=rows(BV), L_O=rows(BV),
                 L_G=gl.BlockedLayout([max(1, K // (32 * STAGE2_WARPS))], [32], [STAGE2_WARPS], [0]))
 
 

@@ -72,7 +72,7 @@ def _chunk_recurrence_gluon_kernel(
     s_state_k, s_state_v,
     HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr,
     IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-    L_K: gl.constexpr, L_T: gl.constexpr, L_V: gl.constexpr, L_G: gl.constexpr,
+    L_K: gl.constexpr, L_T: gl.constexpr, L_V: gl.constexpr, L_G: gl.constexpr, L_O: gl.constexpr,
 ):
     STAGES: gl.constexpr = 3
     i_v = gl.program_id(0)
@@ -126,6 +126,9 @@ def _chunk_recurrence_gluon_kernel(
     g_r = (gl.allocate_shared_memory(gl.float32, [K], flat),
            gl.allocate_shared_memory(gl.float32, [K], flat),
            gl.allocate_shared_memory(gl.float32, [K], flat))
+    # The output tile goes out through shared memory: written from the accumulator, read back as rows of BV
+    # consecutive values (16-byte stores) instead of one 2-byte store per element.
+    o_s = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], sw_v)
 
     blk0 = (i_hv * NC + c_first).to(gl.int64)
     for j in gl.static_range(STAGES - 1):
@@ -142,8 +145,8 @@ def _chunk_recurrence_gluon_kernel(
     else:
         b_st = gl.zeros([BV, K], gl.float32, layout=acc_k)
 
-    o_vo = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, acc_t))
-    o_to = gl.arange(0, BT, layout=gl.SliceLayout(0, acc_t))
+    o_vo = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, L_O))
+    o_to = gl.arange(0, BT, layout=gl.SliceLayout(1, L_O))
     for c0 in range(0, n_chunks, STAGES):
         for j in gl.static_range(STAGES):
             c = c0 + j
@@ -166,15 +169,18 @@ def _chunk_recurrence_gluon_kernel(
                 b_u = warpgroup_mma(v_r[j].permute((1, 0)), tl_r[j], b_u, is_async=True)
                 b_p = warpgroup_mma(b_sa, q_r[j].permute((1, 0)), gl.zeros([BV, BT], gl.float32, layout=acc_t),
                                     is_async=True)
+                # The decay of the state, Sᵀ·diag(gl), while the tensor cores work.
+                b_st = b_st * gl.expand_dims(g_r[j].load(gl.SliceLayout(0, acc_k)), 0)
                 b_u, b_sa = warpgroup_mma_wait(1, deps=[b_u, b_sa])  # Uᵀ done; Pᵀ may still be in flight
                 b_ub = b_u.to(gl.bfloat16)
-                b_gl = g_r[j].load(gl.SliceLayout(0, acc_k))
-                b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_r[j], b_st * gl.expand_dims(b_gl, 0), is_async=True)
+                b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_r[j], b_st, is_async=True)
                 b_o = warpgroup_mma(gl.convert_layout(b_ub, a_t), aqk_r[j].permute((1, 0)), b_p, is_async=True)
                 b_st, b_o = warpgroup_mma_wait(0, deps=[b_st, b_o])
+                o_s.store(gl.permute(b_o.to(o.dtype.element_ty), (1, 0)))
+                _cta_barrier()
                 rows = bos + c * BT + o_to
-                gl.store(o + (rows * HV + i_hv)[None, :] * V + o_vo[:, None], b_o.to(o.dtype.element_ty),
-                         mask=(rows < eos)[None, :])
+                gl.store(o + (rows * HV + i_hv)[:, None] * V + o_vo[None, :], o_s.load(L_O),
+                         mask=(rows < eos)[:, None])
 
     async_copy.wait_group(0)
     if STORE_HT:
