@@ -169,11 +169,10 @@ def _chunk_recurrence_gluon_kernel(
                 b_u = warpgroup_mma(v_r[j].permute((1, 0)), tl_r[j], b_u, is_async=True)
                 b_p = warpgroup_mma(b_sa, q_r[j].permute((1, 0)), gl.zeros([BV, BT], gl.float32, layout=acc_t),
                                     is_async=True)
-                # The decay of the state, Sᵀ·diag(gl), while the tensor cores work.
-                b_st = b_st * gl.expand_dims(g_r[j].load(gl.SliceLayout(0, acc_k)), 0)
                 b_u, b_sa = warpgroup_mma_wait(1, deps=[b_u, b_sa])  # Uᵀ done; Pᵀ may still be in flight
                 b_ub = b_u.to(gl.bfloat16)
-                b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_r[j], b_st, is_async=True)
+                b_gl = g_r[j].load(gl.SliceLayout(0, acc_k))
+                b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_r[j], b_st * gl.expand_dims(b_gl, 0), is_async=True)
                 b_o = warpgroup_mma(gl.convert_layout(b_ub, a_t), aqk_r[j].permute((1, 0)), b_p, is_async=True)
                 b_st, b_o = warpgroup_mma_wait(0, deps=[b_st, b_o])
                 o_s.store(gl.permute(b_o.to(o.dtype.element_ty), (1, 0)))
