@@ -3,13 +3,15 @@
     stage 0 (varlen only)  _chunk_offsets_kernel      chunk offsets of the packed sequences (1 program)
                            _chunk_rows_kernel         token range of every chunk slot
     stage 1                _chunk_prepare_kernel      per (chunk, value head): a1, tb, aqk, kt, gl
-    stage 2                _chunk_recurrence_kernel   per (value block, sequence, value head): reads v and the
+    stage 2                _chunk_recurrence_gluon_kernel (Hopper, bf16 values; chunk_recurrence_gluon.py)
+                           or _chunk_recurrence_kernel (elsewhere; chunk_recurrence.py)
+                                                      per (value block, sequence, value head): reads v and the
                                                       stage-1 tensors; writes out, state
 
 Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
 columns in stage 2, 4 warps, stage 1 capped at 168 registers (three programs per SM), three pipeline stages
-for stage 2's loads (one for fp32 stage tensors, whose tiles would not fit shared memory three deep). Why
-these values: docs/perf-notes.md (measured on an H200).
+for stage 2's loads (one for fp32 stage tensors, whose tiles would not fit shared memory three deep; the
+Gluon stage 2 keeps its own three-slot ring). Why these values: docs/perf-notes.md (measured on an H200).
 Arguments are assumed checked (fastkda.checks); this module only allocates the stage-1 tensors and launches.
 """
 
