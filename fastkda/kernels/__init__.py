@@ -152,30 +152,18 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
         return
     BV = min(VALUE_BLOCK, V)
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
+    # Both stage-2 kernels take the same arguments; each adds its own compile-time settings.
+    grid = (V // BV, st.N * HV)
+    args = (st.a1, st.tb, st.aqk, st.kt, st.gl, v, initial_state, final_state, out, cu_seqlens, st.chunk_offsets,
+            T, st.a1.shape[1], s_state_k, s_state_v, HV)
+    common = dict(K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=cu_seqlens is not None,
+                  HAS_H0=initial_state is not None, STORE_HT=final_state is not None, num_warps=STAGE2_WARPS)
     if gluon_stage2_applies(st, v):
         from .chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
-        _chunk_recurrence_gluon_kernel[(V // BV, st.N * HV)](
-            st.a1, st.tb, st.aqk, st.kt, st.gl, v,
-            initial_state, final_state, out,
-            cu_seqlens, st.chunk_offsets,
-            T, st.a1.shape[1],
-            s_state_k, s_state_v,
-            HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
-            IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
-            **_gluon_layouts(K, BV, CHUNK_SIZE), num_warps=STAGE2_WARPS,
-        )
-        return
-    _chunk_recurrence_kernel[(V // BV, st.N * HV)](
-        st.a1, st.tb, st.aqk, st.kt, st.gl, v,
-        initial_state, final_state, out,
-        cu_seqlens, st.chunk_offsets,
-        T, st.a1.shape[1],
-        s_state_k, s_state_v,
-        HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
-        IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
-        INTERPRET=_interpreting(),
-        num_warps=STAGE2_WARPS, num_stages=STAGE2_STAGES if st.a1.dtype == torch.bfloat16 else 1,
-    )
+        _chunk_recurrence_gluon_kernel[grid](*args, **common, **_gluon_layouts(K, BV, CHUNK_SIZE))
+    else:
+        _chunk_recurrence_kernel[grid](*args, **common, INTERPRET=_interpreting(),
+                                       num_stages=STAGE2_STAGES if st.a1.dtype == torch.bfloat16 else 1)
 
 
 def kda_forward(
