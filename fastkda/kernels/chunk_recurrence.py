@@ -70,9 +70,10 @@ def _chunk_recurrence_kernel(
 
     mm_dtype = a1.dtype.element_ty
     blk0 = (i_hv * NC + c_first).to(tl.int64)
-    # a1 tile rows 2i, 2i + 1 = −W row i, Qg row i; tb tile columns 2i, 2i + 1 = high, low half of column i.
+    # a1 tile rows 2i, 2i + 1 = −W row i, Qg row i; tb tile columns 2i, 2i + 1 = high, low half of column i
+    # (the halves are joined after loading).
     p_a1 = a1 + blk0 * (2 * BT * K) + (o_half * BT + o_pair)[:, None] * K + o_k[None, :]
-    p_tb = tb + blk0 * (2 * BT * BT) + (o_half * (BT * BT) + o_pair)[None, :] + o_t[:, None] * BT
+    p_tb = tb + blk0 * (2 * BT * BT) + o_t[:, None] * BT + o_t[None, :]
     p_aqk = aqk + blk0 * (BT * BT) + o_t[:, None] * BT + o_t[None, :]
     p_kt = kt + blk0 * (BT * K) + o_t[:, None] * K + o_k[None, :]
     # gl feeds element-wise work, which Triton's pipeliner does not prefetch: its load is issued one chunk ahead
@@ -85,7 +86,9 @@ def _chunk_recurrence_kernel(
         b_a1 = tl.load(p_a1 + c * (2 * BT * K))
         b_aqk = tl.load(p_aqk + c * (BT * BT))
         b_kt = tl.load(p_kt + c * (BT * K))
-        b_tb = tl.load(p_tb + c * (2 * BT * BT))
+        # high and low halves loaded whole (contiguous), then interleaved by column in registers
+        b_tb = tl.reshape(tl.join(tl.load(p_tb + c * (2 * BT * BT)), tl.load(p_tb + c * (2 * BT * BT) + BT * BT)),
+                          (BT, 2 * BT))
         b_vt = tl.load(v + (rows * HV + i_hv)[None, :] * V + o_v[:, None], mask=(rows < eos)[None, :], other=0.0)
         b_gl = b_gl_next
         c_next = tl.minimum(c + 1, n_chunks - 1)                      # the last chunk reloads itself
