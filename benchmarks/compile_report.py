@@ -1,6 +1,7 @@
 """Registers, spills and shared memory of fastkda's kernels for Hopper, compiled on a machine without a GPU.
 
     python benchmarks/compile_report.py [--warps N] [--chunk 32] [--head-dim 128] [--by-line N]
+    python benchmarks/compile_report.py --all-configs      # every configuration the launcher picks compiles
 
 Triton compiles the kernels for sm_90a without a device, with the launcher's settings (warps, register cap,
 pipeline depth) and the divisibility the JIT would see on the benchmark shapes; ptxas (from a CUDA toolkit
@@ -60,9 +61,12 @@ def _ptxas_version_limit(ptxas: str) -> str:
 NOT_DIVISIBLE = ("N", "scale", "lower_bound", "s_state_v")
 
 
-def compile_sm90(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg=None, source=ASTSource):
+def compile_sm90(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg=None, source=ASTSource,
+                 types=None):
+    """The kernel compiled for sm_90a (cubin included); ``types`` overrides RUNTIME_TYPES per argument."""
     names = kernel.arg_names
-    signature = {n: (RUNTIME_TYPES[n] if n not in constexprs else "constexpr") for n in names}
+    types = dict(RUNTIME_TYPES, **(types or {}))
+    signature = {n: (types[n] if n not in constexprs else "constexpr") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if n not in constexprs and n not in NOT_DIVISIBLE}
     src = source(fn=kernel, signature=signature, attrs=attrs,
@@ -125,6 +129,48 @@ def by_line(compiled, top: int) -> str:
     return "\n".join(rows)
 
 
+def launcher_configurations(D: int = 64):
+    """(name, kernel, constexprs, warps, stages, maxnreg, source, types) of every kernel configuration the
+    launcher (fastkda.kernels) can pick: stage 1 with bf16 or fp32 stage tensors; the Triton stage 2 with
+    bf16 stage tensors and bf16 or fp16 values, or fp32 throughout; the Gluon stage 2 (Hopper, bf16)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from fastkda.kernels.chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
+
+    BT = kernels.CHUNK_SIZE
+    tensors = ("a1", "tb", "aqk", "kt")
+    for dt, mm in (("bf16", tl.bfloat16), ("fp32", tl.float32)):
+        consts = dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=True, USE_L2NORM=True, USE_GATE=True,
+                      USE_BETA_SIGMOID=True, HAS_A_LOG=True, HAS_DT_BIAS=True, DOT_PRECISION="tf32",
+                      MM_DTYPE=mm, INTERPRET=False)
+        types = {n: f"*{dt}" for n in ("q", "k", "g", "beta") + tensors}
+        yield (f"stage 1, {dt}", _chunk_prepare_kernel, consts, kernels.STAGE1_WARPS, 1, kernels.STAGE1_MAXNREG,
+               ASTSource, types)
+    for dt, vdt in (("bf16", "bf16"), ("bf16", "fp16"), ("fp32", "fp32")):
+        consts = dict(K=D, V=D, BV=kernels.VALUE_BLOCK, BT=BT, IS_VARLEN=False, HAS_H0=True, STORE_HT=True,
+                      INTERPRET=False)
+        types = dict({n: f"*{dt}" for n in tensors}, v=f"*{vdt}", o=f"*{vdt}")
+        stages = kernels.STAGE2_STAGES if dt == "bf16" else 1
+        yield (f"stage 2 (Triton), {dt} stage tensors, {vdt} values", _chunk_recurrence_kernel, consts,
+               kernels.STAGE2_WARPS, stages, None, ASTSource, types)
+    consts = dict(K=D, V=D, BV=kernels.VALUE_BLOCK, BT=BT, IS_VARLEN=True, HAS_H0=True, STORE_HT=True,
+                  **kernels._gluon_layouts(D, kernels.VALUE_BLOCK, BT))
+    yield ("stage 2 (Gluon), bf16", _chunk_recurrence_gluon_kernel, consts, kernels.STAGE2_WARPS, 1, None,
+           GluonASTSource, None)
+
+
+def check_all(D: int) -> int:
+    """Compile every launcher configuration; one line each; the number that failed."""
+    failed = 0
+    for name, kernel, consts, warps, stages, nreg, source, types in launcher_configurations(D):
+        try:
+            compiled = compile_sm90(kernel, consts, warps, stages, nreg, source=source, types=types)
+            print(f"ok      {name}: {len(compiled.asm['cubin'])} bytes of cubin")
+        except Exception as exc:                       # report every configuration, not just the first failure
+            failed += 1
+            print(f"FAILED  {name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    return failed
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warps", type=int, default=None, help="both stages (default: the launcher's rule)")
@@ -132,7 +178,11 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--by-line", type=int, default=0, metavar="N",
                     help="also list the N source lines that move the most shared-memory bytes")
+    ap.add_argument("--all-configs", action="store_true",
+                    help="only compile every configuration the launcher can pick; exit status 1 if one fails")
     args = ap.parse_args()
+    if args.all_configs:
+        raise SystemExit(1 if check_all(args.head_dim) else 0)
     D, BT = args.head_dim, args.chunk
     common = dict(K=D, BT=BT, IS_VARLEN=True)
     stage1 = dict(common, LOG2_BT=BT.bit_length() - 1, USE_L2NORM=True, USE_GATE=True, USE_BETA_SIGMOID=True,

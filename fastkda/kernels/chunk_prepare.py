@@ -23,8 +23,6 @@ O = Qg·S + Aqk·U and S = diag(gl)·S + Ktᵀ·U, two products of U.
 Padding rows are zero (k̂ = q̂ = β = 0 there), so the recurrence reads whole chunks without masks.
 
 Numerics. G is accumulated in base 2 (log2(e)·a), so each exponential is one ex2 instruction (fastmath.py).
-G − r is one matrix product, [1(j ≤ i) − 1/2]_ij · a, with a split into three bf16 pieces that sum to it
-exactly: the products are exact and the sums fp32, as in a scan, but on the tensor cores.
 e^{G_i − G_j} is formed as a product e^{G_i − r}·e^{r − G_j}, which needs both factors inside the fp32 (and
 bf16) exponent range, |G − r| < 126 in base 2. With every per-step log-decay ≥ −5, G runs from 0 down to
 G_last ≥ −5·BT, so the reference r = G_last / 2 (per channel) keeps both factors within 2^{±116} (e^{±80})
@@ -42,7 +40,7 @@ half is zero: T·diag(β) is stored whole).
 import triton
 import triton.language as tl
 
-from .fastmath import _exp2, _rcp, _sigmoid
+from .fastmath import _exp2, _sigmoid
 from .matmul import _mm
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -122,19 +120,14 @@ def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
 def _log2_decay(g_rows, A_log, dt_bias, i_hv, o_k, lower_bound,
                 USE_GATE: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, K: tl.constexpr,
                 INTERPRET: tl.constexpr):
-    """Per-step log-decay in base 2: log2(e) · a, with a the fused gate
-    lower_bound · sigmoid(e^{A_log} · (g + dt_bias)) or g itself."""
+    """Per-step log-decay in base 2: log2(e) · a, with a the fused gate or g itself."""
     if USE_GATE:
-        # sigmoid(x) = 1 / (1 + 2^u) with u = −log2(e)·e^{A_log}·(g + dt_bias): one FMA per element, the
-        # constants folded per head and channel (two multiplies and an add fewer per element).
-        c = -LOG2E
-        if HAS_A_LOG:
-            c = c * tl.exp(tl.load(A_log + i_hv))
+        x = g_rows
         if HAS_DT_BIAS:
-            u = g_rows * c + (tl.load(dt_bias + i_hv * K + o_k) * c)[None, :]
-        else:
-            u = g_rows * c
-        a2 = (lower_bound * LOG2E) * _rcp(1.0 + _exp2(u, INTERPRET), INTERPRET)
+            x = x + tl.load(dt_bias + i_hv * K + o_k)[None, :]
+        if HAS_A_LOG:
+            x = x * tl.exp(tl.load(A_log + i_hv))
+        a2 = (lower_bound * LOG2E) * _sigmoid(x, INTERPRET)
     else:
         a2 = g_rows * LOG2E
     return a2
@@ -181,36 +174,27 @@ def _chunk_prepare_kernel(
     # Cumulative decay in base 2 (every exponential below is then one ex2 instruction).
     b_a = _log2_decay(_load_rows(g, rows * HV + i_hv, K, o_k, m_t), A_log, dt_bias, i_hv, o_k, lower_bound,
                       USE_GATE, HAS_A_LOG, HAS_DT_BIAS, K, INTERPRET)
-    b_a = tl.where(m_t[:, None], b_a, 0.0)
+    b_G = tl.cumsum(tl.where(m_t[:, None], b_a, 0.0), 0)
     if USE_BETA_SIGMOID:
         b_beta = _sigmoid(b_beta, INTERPRET)
     b_beta = tl.where(m_t, b_beta, 0.0)
 
-    # G at the chunk's last row (the column sums of a; padding rows add 0), and one reference point
-    # r = G_last / 2: |G − r| <= log2(e) · 5 · BT / 2. Two exponentials per element; every other decay factor
-    # is one of them times a per-channel factor.
-    g0, g1, g2, g3 = _split_columns4(b_a, BT, K)
+    # G at the chunk's last row (padding rows add 0), and one reference point r = G_last / 2:
+    # |G − r| <= log2(e) · 5 · BT / 2. Two exponentials per element; every other decay factor is one of them
+    # times a per-channel factor.
+    g0, g1, g2, g3 = _split_columns4(tl.where((o_t == BT - 1)[:, None], b_G, 0.0), BT, K)
     g0, g1, g2, g3 = tl.reduce((g0, g1, g2, g3), 0, _add4)
     g_last = _join_columns4(g0, g1, g2, g3, K)
     r_ref = g_last * 0.5
     e_r = _exp2(r_ref, INTERPRET)
     # Stage-1 blocks of this chunk: int64 bases (they outgrow 2^31 elements before the inputs do).
     blk = (i_hv * NC + i_c).to(tl.int64)
-    # G − r = A'·a with A'[i, j] = [j <= i] − 1/2, on the tensor cores instead of a scan: a in three bf16
-    # pieces (hi + mid + lo = a exactly), A' exact in bf16, so every product is exact and the sums are fp32,
-    # as in a scan (docs/perf-notes.md, session 6).
-    a_hi = b_a.to(MM_DTYPE)
-    a_rem = b_a - a_hi.to(tl.float32)
-    a_mid = a_rem.to(MM_DTYPE)
-    a_lo = (a_rem - a_mid.to(tl.float32)).to(MM_DTYPE)
-    a_half = tl.where(o_t[None, :] <= o_t[:, None], 0.5, -0.5).to(MM_DTYPE)
-    b_Gr = _mm(a_half, a_hi, INTERPRET) + _mm(a_half, a_mid, INTERPRET) + _mm(a_half, a_lo, INTERPRET)
-    k_neg = b_k * _exp2(-b_Gr, INTERPRET)                                         # k̂_j e^{r − G_j}
+    k_neg = b_k * _exp2(r_ref[None, :] - b_G, INTERPRET)                         # k̂_j e^{r − G_j}
     tl.store(kt + blk * (BT * K) + o_t[:, None] * K + o_k[None, :],
              (k_neg * _exp2(g_last - r_ref, INTERPRET)[None, :]).to(kt.dtype.element_ty))  # k̂ e^{G_last − G}
     tl.store(gl + (i_c * HV + i_hv) * K + o_k, _exp2(g_last, INTERPRET))
     k_neg = k_neg.to(MM_DTYPE)
-    e_pos = _exp2(b_Gr, INTERPRET)                                                # e^{G − r}
+    e_pos = _exp2(b_G - r_ref[None, :], INTERPRET)                                # e^{G − r}
 
     # Aqk = tril(scale · q̂_i·(k̂_j ⊙ e^{G_i − G_j})) and Qg = scale · q̂ ⊙ e^{G − r} · e^{r}, both stored now;
     # Qg goes to the second half of a1.
@@ -230,13 +214,10 @@ def _chunk_prepare_kernel(
     b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32)
     b_T -= tl.where((o_t[:, None] // 2 == o_t[None, :] // 2), b_L, 0.0)              # b = 1 needs no product
     for lvl in tl.static_range(1, LOG2_BT):                                          # b = 2, 4, ..., BT / 2
-        # C_b: pairs in one block of 2b, in different halves of it (rows i, j differ first at bit lvl). T_b is
-        # block diagonal, so T_b·C_b is T_b·L restricted to those pairs: the mask goes on the product, and L
-        # is the same right operand at every level (converted to its operand layout once). The subtraction
-        # rides on the second product's accumulator.
-        b_TC = tl.where(((o_t[:, None] ^ o_t[None, :]) >> lvl) == 1,
-                        tl.dot(b_T, b_L, input_precision=DOT_PRECISION), 0.0)
-        b_T = tl.dot(-b_TC, b_T, b_T, input_precision=DOT_PRECISION)
+        # C_b: pairs in one block of 2b, in different halves of it (rows i, j differ first at bit lvl).
+        b_C = tl.where(((o_t[:, None] ^ o_t[None, :]) >> lvl) == 1, b_L, 0.0)
+        b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
+        b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
 
     # −W to the even rows of a1: W = (T·diag(β))·(k̂ ⊙ e^{G−r})·diag(e^r). With bf16 stage tensors, T·diag(β) is
     # split into bf16 high and low halves (~16 bits; tf32 keeps 11) against the bf16 right operand k̂ ⊙ e^{G−r}

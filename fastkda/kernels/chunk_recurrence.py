@@ -86,9 +86,11 @@ def _chunk_recurrence_kernel(
         b_a1 = tl.load(p_a1 + c * (2 * BT * K))
         b_aqk = tl.load(p_aqk + c * (BT * BT))
         b_kt = tl.load(p_kt + c * (BT * K))
-        # high and low halves loaded whole (contiguous), then interleaved by column in registers
-        b_tb = tl.reshape(tl.join(tl.load(p_tb + c * (2 * BT * BT)), tl.load(p_tb + c * (2 * BT * BT) + BT * BT)),
-                          (BT, 2 * BT))
+        b_tb = tl.load(p_tb + c * (2 * BT * BT))
+        if mm_dtype != tl.float32:
+            # high and low halves loaded whole (contiguous), then interleaved by column in registers (fp32
+            # stage tensors have no low half; and Triton rejects this join as an fp32 product operand)
+            b_tb = tl.reshape(tl.join(b_tb, tl.load(p_tb + c * (2 * BT * BT) + BT * BT)), (BT, 2 * BT))
         b_vt = tl.load(v + (rows * HV + i_hv)[None, :] * V + o_v[:, None], mask=(rows < eos)[None, :], other=0.0)
         b_gl = b_gl_next
         c_next = tl.minimum(c + 1, n_chunks - 1)                      # the last chunk reloads itself
@@ -100,10 +102,12 @@ def _chunk_recurrence_kernel(
             b_u0 = _mm(b_vt, b_tb, INTERPRET)
         else:
             b_u0 = _mm(b_vt.to(tl.float32), b_tb.to(tl.float32), INTERPRET)
-        b_u0_hi, b_u0_lo = tl.split(tl.reshape(b_u0, (BV, BT, 2)))
+        if mm_dtype != tl.float32:
+            b_u0_hi, b_u0_lo = tl.split(tl.reshape(b_u0, (BV, BT, 2)))
+            b_u0 = b_u0_hi + b_u0_lo
         # Sᵀ·a1ᵀ: columns −(W·S)ᵀ and (Qg·S)ᵀ alternate; each thread holds pairs side by side.
         b_ws, b_qs = tl.split(tl.reshape(_mm(b_st.to(mm_dtype), tl.trans(b_a1), INTERPRET), (BV, BT, 2)))
-        b_umm = (b_ws + b_u0_hi + b_u0_lo).to(mm_dtype)                                    # Uᵀ
+        b_umm = (b_ws + b_u0).to(mm_dtype)                                                  # Uᵀ
         b_st = b_st * b_gl[None, :] + _mm(b_umm, b_kt, INTERPRET)
         b_ot = b_qs + _mm(b_umm, tl.trans(b_aqk), INTERPRET)
         tl.store(o + (rows * HV + i_hv)[None, :] * V + o_v[:, None], b_ot.to(o.dtype.element_ty),
