@@ -40,7 +40,7 @@ half is zero: T·diag(β) is stored whole).
 import triton
 import triton.language as tl
 
-from .fastmath import _exp2, _sigmoid
+from .fastmath import _exp2, _rcp, _sigmoid
 from .matmul import _mm
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -120,14 +120,19 @@ def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
 def _log2_decay(g_rows, A_log, dt_bias, i_hv, o_k, lower_bound,
                 USE_GATE: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, K: tl.constexpr,
                 INTERPRET: tl.constexpr):
-    """Per-step log-decay in base 2: log2(e) · a, with a the fused gate or g itself."""
+    """Per-step log-decay in base 2: log2(e) · a, with a the fused gate
+    lower_bound · sigmoid(e^{A_log} · (g + dt_bias)) or g itself."""
     if USE_GATE:
-        x = g_rows
-        if HAS_DT_BIAS:
-            x = x + tl.load(dt_bias + i_hv * K + o_k)[None, :]
+        # sigmoid(x) = 1 / (1 + 2^u), u = −log2(e)·e^{A_log}·(g + dt_bias) = g·c + dt_bias·c: one FMA per
+        # element, the constants folded per head and channel.
+        c = -LOG2E
         if HAS_A_LOG:
-            x = x * tl.exp(tl.load(A_log + i_hv))
-        a2 = (lower_bound * LOG2E) * _sigmoid(x, INTERPRET)
+            c = c * tl.exp(tl.load(A_log + i_hv))
+        if HAS_DT_BIAS:
+            u = g_rows * c + (tl.load(dt_bias + i_hv * K + o_k) * c)[None, :]
+        else:
+            u = g_rows * c
+        a2 = (lower_bound * LOG2E) * _rcp(1.0 + _exp2(u, INTERPRET), INTERPRET)
     else:
         a2 = g_rows * LOG2E
     return a2
@@ -214,10 +219,13 @@ def _chunk_prepare_kernel(
     b_T = (o_t[:, None] == o_t[None, :]).to(tl.float32)
     b_T -= tl.where((o_t[:, None] // 2 == o_t[None, :] // 2), b_L, 0.0)              # b = 1 needs no product
     for lvl in tl.static_range(1, LOG2_BT):                                          # b = 2, 4, ..., BT / 2
-        # C_b: pairs in one block of 2b, in different halves of it (rows i, j differ first at bit lvl).
-        b_C = tl.where(((o_t[:, None] ^ o_t[None, :]) >> lvl) == 1, b_L, 0.0)
-        b_TC = tl.dot(b_T, b_C, input_precision=DOT_PRECISION)
-        b_T -= tl.dot(b_TC, b_T, input_precision=DOT_PRECISION)
+        # C_b: pairs in one block of 2b, in different halves of it (rows i, j differ first at bit lvl). T_b is
+        # block diagonal, so T_b·C_b = T_b·L restricted to those pairs: the mask goes on the product and L is
+        # the same right operand at every level (one layout conversion, not four); the subtraction rides on
+        # the second product's accumulator (docs/perf-notes.md, session 6).
+        b_TC = tl.where(((o_t[:, None] ^ o_t[None, :]) >> lvl) == 1,
+                        tl.dot(b_T, b_L, input_precision=DOT_PRECISION), 0.0)
+        b_T = tl.dot(-b_TC, b_T, b_T, input_precision=DOT_PRECISION)
 
     # −W to the even rows of a1: W = (T·diag(β))·(k̂ ⊙ e^{G−r})·diag(e^r). With bf16 stage tensors, T·diag(β) is
     # split into bf16 high and low halves (~16 bits; tf32 keeps 11) against the bf16 right operand k̂ ⊙ e^{G−r}
