@@ -36,6 +36,8 @@ STAGE1_MAXNREG = 168   # registers per thread in stage 1: three programs per SM 
 STAGE2_WARPS = 4
 STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, Triton kernel)
 STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
+STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
+STAGE1_GLUON_MAXNREG = 168   # three Gluon stage-1 programs per SM
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -106,7 +108,19 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
                 kt=torch.empty(HV, slots, BT, K, dtype=sdt, device=device),
                 gl=torch.empty(slots, HV, K, dtype=torch.float32, device=device),
                 chunk_offsets=chunk_offsets, n_chunks=n_chunks, N=N)
-    if n_chunks > 0 and N > 0:
+    if n_chunks > 0 and N > 0 and gluon_stage1_applies(q, sdt, K):
+        from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
+        _chunk_prepare_gluon_kernel[(n_chunks, HV)](
+            q, k, g, beta, A_log, dt_bias,
+            st.a1, st.tb, st.aqk, st.kt, st.gl,
+            chunk_rows,
+            T, slots, scale, 0.0 if lower_bound is None else lower_bound,
+            H, HV, K=K, BT=BT, LOG2_BT=BT.bit_length() - 1,
+            IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm, USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid,
+            HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None, L_ROWS=_gluon_rows_layout(K),
+            num_warps=4, **({} if STAGE1_GLUON_MAXNREG is None else {"maxnreg": STAGE1_GLUON_MAXNREG}),
+        )
+    elif n_chunks > 0 and N > 0:
         # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
         _chunk_prepare_kernel[(n_chunks, HV)](
             q, k, g, beta, A_log, dt_bias,
@@ -122,6 +136,23 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
             **({} if STAGE1_MAXNREG is None else {"maxnreg": STAGE1_MAXNREG}),
         )
     return st
+
+
+def gluon_stage1_applies(q, sdt: torch.dtype, K: int) -> bool:
+    """The Gluon stage 1 covers bf16 stage tensors on Hopper (sm_90) with K = 64 or 128 and BT = 32 (one
+    warpgroup: K and 2·BT are the wgmma row counts); elsewhere, and under the CPU interpreter, the Triton
+    stage 1 runs."""
+    return (STAGE1_GLUON and not _interpreting() and q.is_cuda and sdt == torch.bfloat16 and K in (64, 128)
+            and CHUNK_SIZE == 32 and torch.cuda.get_device_capability(q.device)[0] == 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_rows_layout(cols: int):
+    """Register layout of a [rows, cols] tile moved as 16-byte rows (8 bf16 per thread), four warps."""
+    from triton.experimental.gluon import language as gl
+
+    lanes = min(32, cols // 8)
+    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [4, 1], [1, 0])
 
 
 def gluon_stage2_applies(st: Stage1, v) -> bool:

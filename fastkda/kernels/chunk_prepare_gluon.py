@@ -1,0 +1,249 @@
+"""Stage 1 in Gluon (Hopper, bf16 stage tensors): the per-chunk work of chunk_prepare.py, same outputs,
+computed channel-major so that every product runs on the warpgroup tensor cores (wgmma).
+
+One program (one warpgroup) per (chunk of BT tokens, value head). The element-wise work holds tiles
+transposed, [K channels × BT tokens], in the register layout of a wgmma accumulator with N = BT, so that:
+
+    (G − r)ᵀ = aᵀ · A'ᵀ,  A'[i, j] = [j ≤ i] − 1/2      a in three exact bf16 pieces: no scan; r = G_last / 2
+    [L; Aqk]  = [k̂⊙e^{G−r}; q̂⊙e^{G−r}] · (k̂⊙e^{r−G})ᵀ     one product, M = 2·BT (both from shared memory)
+    T_2b      = T_b − mask_b ⊙ (T_b·L) · T_b              block doubling; T and L in bf16 high + low halves
+    Wᵀ        = (k̂⊙e^{G−r})ᵀ · (T·diag(β))ᵀ                M = K; high and low halves of T·diag(β)
+
+with the masks, scales and per-channel factors of chunk_prepare.py applied to the accumulators. A bf16 tile
+converted from an accumulator with N = BT columns is already a left operand with BT columns (no data
+movement), which is what the layout buys: aᵀ's pieces and the halves of T feed the next product straight from
+registers. The doubling's products run as three bf16 products (high·high + high·low + low·high: ~16
+significant bits, more than the Triton kernel's tf32). Per-channel vectors cost 4 registers per thread and
+per-token vectors 8, the transposed tiles reach shared memory with the transposing matrix store, and the
+tiles leave for global memory as 16-byte rows. Outputs, their layouts and their rounding points are those of
+chunk_prepare.py (tests/test_gpu.py compares the two kernels).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from .chunk_recurrence_gluon import _cta_barrier
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _ex2(x):
+    """2^x, subnormal results flushed to zero (one MUFU.EX2; see fastmath.py)."""
+    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
+def _rcp(x):
+    """1 / x (one MUFU.RCP; 1 / inf = 0)."""
+    return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
+def _trunc_bf16(x):
+    """x with its low 16 mantissa bits cleared: exactly representable in bf16 (one bit mask, where rounding
+    to bf16 and back costs a conversion each way); x − _trunc_bf16(x) is exact in fp32."""
+    return (x.to(gl.uint32, bitcast=True) & 0xFFFF0000).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _split_bf16(x):
+    """x ≈ hi + lo, both bf16, ~16 significant bits together (lo rounded)."""
+    hi = _trunc_bf16(x)
+    return hi.to(gl.bfloat16), (x - hi).to(gl.bfloat16)
+
+
+@gluon.jit
+def _store_rows(dst, smem, R: gl.constexpr, C: gl.constexpr, L_ROWS: gl.constexpr):
+    """The [R, C] shared tile to global rows dst[r * C + c] in 16-byte pieces."""
+    r = gl.arange(0, R, layout=gl.SliceLayout(1, L_ROWS))
+    c = gl.arange(0, C, layout=gl.SliceLayout(0, L_ROWS))
+    gl.store(dst + r[:, None] * C + c[None, :], smem.load(L_ROWS))
+
+
+@gluon.jit
+def _chunk_prepare_gluon_kernel(
+    q, k, g, beta, A_log, dt_bias,
+    a1, tb, aqk, kt, gl_ptr,
+    chunk_rows,
+    T, NC, scale, lower_bound,
+    H, HV, K: gl.constexpr,
+    BT: gl.constexpr, LOG2_BT: gl.constexpr,
+    IS_VARLEN: gl.constexpr, USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, USE_BETA_SIGMOID: gl.constexpr,
+    HAS_A_LOG: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+    L_ROWS: gl.constexpr,
+):
+    i_c = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        t0 = gl.load(chunk_rows + 2 * i_c)
+        eos = gl.load(chunk_rows + 2 * i_c + 1)
+    else:
+        NT = gl.cdiv(T, BT)
+        eos = (i_c // NT + 1) * T
+        t0 = eos - T + (i_c % NT) * BT
+    blk = (i_hv * NC + i_c).to(gl.int64)
+
+    # Accumulators with N = BT columns (one warpgroup): the channel-major tiles [K, BT] and the row-major
+    # chunk matrices [2·BT, BT] (rows 0..BT−1: L, then T; rows BT..2·BT−1: Aqk, zero in T).
+    acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    per_row: gl.constexpr = gl.SliceLayout(1, acc)       # a channel of [K, BT]; a row of [2·BT, BT]
+    per_col: gl.constexpr = gl.SliceLayout(0, acc)       # a token
+    sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    pq_s = gl.allocate_shared_memory(gl.bfloat16, [2 * BT, K], sw_k)     # [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
+    kn_s = gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k)         # k̂⊙e^{r−G}
+    qg_s = gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k)         # Qg, later −W (staging for stores)
+    kt_s = gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k)         # Kt (staging)
+    ap_s = gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t)        # A'ᵀ
+    lh_s = gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t)    # L, later T·diag(β): high half
+    ll_s = gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t)    # ... low half
+    th_s = (gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t),  # T_b, two buffers by level parity
+            gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t))
+    tl_s = (gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t),
+            gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t))
+
+    # A'ᵀ[j, i] = [j ≤ i] − 1/2 (exact in bf16), the right operand of (G − r)ᵀ.
+    L_AP: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])
+    jj = gl.arange(0, BT, layout=gl.SliceLayout(1, L_AP))
+    ii = gl.arange(0, BT, layout=gl.SliceLayout(0, L_AP))
+    ap_s.store(gl.where(jj[:, None] <= ii[None, :], 0.5, -0.5).to(gl.bfloat16))
+
+    # Channel-major tiles of the chunk: element [c, t] of q, k, g at token t0 + t (padding tokens: zero).
+    o_c = gl.arange(0, K, layout=per_row)
+    o_t = gl.arange(0, BT, layout=per_col)
+    tok = t0 + o_t
+    m_t = tok < eos
+    p_qk = (tok * H + i_h)[None, :] * K + o_c[:, None]
+    b_k = gl.load(k + p_qk, mask=m_t[None, :], other=0.0).to(gl.float32)
+    b_q = gl.load(q + p_qk, mask=m_t[None, :], other=0.0).to(gl.float32)
+    b_g = gl.load(g + (tok * HV + i_hv)[None, :] * K + o_c[:, None], mask=m_t[None, :], other=0.0).to(gl.float32)
+    b_beta = gl.load(beta + tok * HV + i_hv, mask=m_t, other=0.0).to(gl.float32)
+    if USE_BETA_SIGMOID:
+        b_beta = _rcp(1.0 + _ex2(b_beta * -LOG2E))
+    b_beta = gl.where(m_t, b_beta, 0.0)
+    if USE_L2NORM:
+        b_k = b_k * gl.expand_dims(gl.rsqrt(gl.sum(b_k * b_k, 0) + 1e-6), 0)
+        b_q = b_q * gl.expand_dims(gl.rsqrt(gl.sum(b_q * b_q, 0) + 1e-6), 0)
+
+    # Per-step log-decay in base 2 (chunk_prepare._log2_decay, the same folding).
+    if USE_GATE:
+        c_g = -LOG2E
+        if HAS_A_LOG:
+            c_g = c_g * gl.exp(gl.load(A_log + i_hv))
+        if HAS_DT_BIAS:
+            u = b_g * c_g + gl.expand_dims(gl.load(dt_bias + i_hv * K + o_c) * c_g, 1)
+        else:
+            u = b_g * c_g
+        b_a = (lower_bound * LOG2E) * _rcp(1.0 + _ex2(u))
+    else:
+        b_a = b_g * LOG2E
+    b_a = gl.where(m_t[None, :], b_a, 0.0)
+
+    # (G − r)ᵀ on the tensor cores: aᵀ = hi + mid + lo exactly (two truncating splits leave at most 8
+    # significant bits for lo), each product exact, fp32 sums.
+    a_hi = _trunc_bf16(b_a)
+    a_mid = _trunc_bf16(b_a - a_hi)
+    a_lo = (b_a - a_hi - a_mid).to(gl.bfloat16)
+    a_hi = a_hi.to(gl.bfloat16)
+    a_mid = a_mid.to(gl.bfloat16)
+    fence_async_shared()
+    _cta_barrier()                                   # A'ᵀ is in shared memory
+    b_d = warpgroup_mma(gl.convert_layout(a_hi, a_op), ap_s, gl.zeros([K, BT], gl.float32, layout=acc),
+                        is_async=True)
+    b_d = warpgroup_mma(gl.convert_layout(a_mid, a_op), ap_s, b_d, is_async=True)
+    b_d = warpgroup_mma(gl.convert_layout(a_lo, a_op), ap_s, b_d, is_async=True)
+    b_d = warpgroup_mma_wait(0, deps=[b_d])
+    # r = G_last / 2 is (G − r) at the last token; every decay factor below is e^{±(G − r)} times one of these.
+    r_ref = gl.sum(gl.where(o_t[None, :] == BT - 1, b_d, 0.0), 1)
+    e_r = _ex2(r_ref)
+    gl.store(gl_ptr + (i_c * HV + i_hv) * K + o_c, _ex2(2.0 * r_ref))             # e^{G_last}
+
+    e_pos = _ex2(b_d)
+    k_pos = b_k * e_pos
+    q_pos = b_q * e_pos
+    pq_s.slice(0, BT).store(gl.permute(k_pos.to(gl.bfloat16), (1, 0)))
+    pq_s.slice(BT, BT).store(gl.permute(q_pos.to(gl.bfloat16), (1, 0)))
+    qg_s.store(gl.permute((q_pos * gl.expand_dims(e_r * scale, 1)).to(gl.bfloat16), (1, 0)))  # Qg
+    k_neg = b_k * _ex2(-b_d)
+    kn_s.store(gl.permute(k_neg.to(gl.bfloat16), (1, 0)))
+    kt_s.store(gl.permute((k_neg * gl.expand_dims(e_r, 1)).to(gl.bfloat16), (1, 0)))     # k̂ e^{G_last − G}
+    fence_async_shared()
+    _cta_barrier()
+
+    # [L; Aqk] before masking, while Qg and Kt go out.
+    b_la = warpgroup_mma(pq_s, kn_s.permute((1, 0)), gl.zeros([2 * BT, BT], gl.float32, layout=acc),
+                         is_async=True)
+    _store_rows(a1 + blk * (2 * BT * K) + BT * K, qg_s, BT, K, L_ROWS)
+    _store_rows(kt + blk * (BT * K), kt_s, BT, K, L_ROWS)
+    b_la = warpgroup_mma_wait(0, deps=[b_la])
+
+    o_r = gl.arange(0, 2 * BT, layout=per_row)
+    o_i = o_r % BT
+    is_l = o_r < BT
+    tok_i = t0 + o_i
+    beta_i = gl.load(beta + tok_i * HV + i_hv, mask=is_l & (tok_i < eos), other=0.0).to(gl.float32)
+    if USE_BETA_SIGMOID:
+        beta_i = _rcp(1.0 + _ex2(beta_i * -LOG2E))
+    beta_i = gl.where(is_l & (tok_i < eos), beta_i, 0.0)
+    o_j = gl.arange(0, BT, layout=per_col)
+    lower = o_j[None, :] < o_i[:, None]
+    b_l = gl.where(is_l[:, None] & lower, b_la * gl.expand_dims(beta_i, 1), 0.0)
+    b_aqk = gl.where((~is_l)[:, None] & (lower | (o_j[None, :] == o_i[:, None])), b_la * scale, 0.0)
+    gl.store(aqk + blk * (BT * BT) + o_i[:, None] * BT + o_j[None, :], b_aqk.to(gl.bfloat16),
+             mask=(~is_l)[:, None] & (o_j < BT)[None, :])
+
+    # T = (I + L)^-1 by block doubling (chunk_prepare.py), rows BT.. of the tile zero throughout.
+    l_hi, l_lo = _split_bf16(b_l)
+    lh_s.store(l_hi)
+    ll_s.store(l_lo)
+    diag = is_l[:, None] & (o_j[None, :] == o_i[:, None])
+    b_t = gl.where(diag, 1.0, 0.0) - gl.where((o_i[:, None] // 2) == (o_j[None, :] // 2), b_l, 0.0)
+    fence_async_shared()
+    _cta_barrier()
+    for lvl in gl.static_range(1, LOG2_BT):
+        t_hi, t_lo = _split_bf16(b_t)
+        t_hi_op = gl.convert_layout(t_hi, a_op)
+        b_tl = warpgroup_mma(t_hi_op, lh_s.slice(0, BT), gl.zeros([2 * BT, BT], gl.float32, layout=acc),
+                             is_async=True)
+        b_tl = warpgroup_mma(t_hi_op, ll_s.slice(0, BT), b_tl, is_async=True)
+        b_tl = warpgroup_mma(gl.convert_layout(t_lo, a_op), lh_s.slice(0, BT), b_tl, is_async=True)
+        th_s[lvl % 2].store(t_hi)
+        tl_s[lvl % 2].store(t_lo)
+        b_tl = warpgroup_mma_wait(0, deps=[b_tl])
+        x_hi, x_lo = _split_bf16(gl.where(((o_i[:, None] ^ o_j[None, :]) >> lvl) == 1, -b_tl, 0.0))
+        fence_async_shared()
+        _cta_barrier()                               # T_b's halves are in shared memory
+        x_hi_op = gl.convert_layout(x_hi, a_op)
+        b_t = warpgroup_mma(x_hi_op, th_s[lvl % 2].slice(0, BT), b_t, is_async=True)
+        b_t = warpgroup_mma(x_hi_op, tl_s[lvl % 2].slice(0, BT), b_t, is_async=True)
+        b_t = warpgroup_mma(gl.convert_layout(x_lo, a_op), th_s[lvl % 2].slice(0, BT), b_t, is_async=True)
+        b_t = warpgroup_mma_wait(0, deps=[b_t])
+
+    # T·diag(β): tb = its transpose, high half then low half; Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ.
+    beta_j = gl.load(beta + (t0 + o_j) * HV + i_hv, mask=(t0 + o_j) < eos, other=0.0).to(gl.float32)
+    if USE_BETA_SIGMOID:
+        beta_j = _rcp(1.0 + _ex2(beta_j * -LOG2E))
+    beta_j = gl.where((t0 + o_j) < eos, beta_j, 0.0)
+    tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(beta_j, 0))
+    p_tb = tb + blk * (2 * BT * BT) + o_j[None, :] * BT + o_i[:, None]                  # [i, j] -> tb[j, i]
+    m_tb = is_l[:, None] & (o_j < BT)[None, :]
+    gl.store(p_tb, tb_hi, mask=m_tb)
+    gl.store(p_tb + BT * BT, tb_lo, mask=m_tb)
+    lh_s.store(tb_hi)                                # L's buffers are free: the doubling waited for its products
+    ll_s.store(tb_lo)
+    fence_async_shared()
+    _cta_barrier()
+    kpos_t = pq_s.slice(0, BT).permute((1, 0))
+    b_w = warpgroup_mma(kpos_t, lh_s.slice(0, BT).permute((1, 0)), gl.zeros([K, BT], gl.float32, layout=acc),
+                        is_async=True)
+    b_w = warpgroup_mma(kpos_t, ll_s.slice(0, BT).permute((1, 0)), b_w, is_async=True)
+    b_w = warpgroup_mma_wait(0, deps=[b_w])
+    qg_s.store(gl.permute((b_w * gl.expand_dims(-e_r, 1)).to(gl.bfloat16), (1, 0)))      # −W (Qg went out)
+    _cta_barrier()
+    _store_rows(a1 + blk * (2 * BT * K), qg_s, BT, K, L_ROWS)
