@@ -21,9 +21,11 @@ chunk_prepare.py (tests/test_gpu.py compares the two kernels).
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
+)
 
-from .chunk_recurrence_gluon import _cta_barrier
+from .chunk_recurrence_gluon import _cp_async, _cta_barrier
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -54,6 +56,13 @@ def _split_bf16(x):
     """x ≈ hi + lo, both bf16, ~16 significant bits together (lo rounded)."""
     hi = _trunc_bf16(x)
     return hi.to(gl.bfloat16), (x - hi).to(gl.bfloat16)
+
+
+@gluon.jit
+def _inv_row_norms(smem, L_ROWS: gl.constexpr):
+    """1 / sqrt(|row|² + 1e-6) of each row of a [rows, K] shared tile (the l2 normalisation of chunk_prepare)."""
+    x = smem.load(L_ROWS).to(gl.float32)
+    return gl.rsqrt(gl.sum(x * x, 1) + 1e-6)
 
 
 @gluon.jit
@@ -108,29 +117,31 @@ def _chunk_prepare_gluon_kernel(
     tl_s = (gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t),
             gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t))
 
+    # The chunk's g, k, q rows (padding rows zero-filled) land by cp.async in 16-byte pieces, in tiles that
+    # are written only after these are read: g in qg_s, k in kn_s, q in kt_s.
+    r_in = gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS))
+    c_in = gl.arange(0, K, layout=gl.SliceLayout(0, L_ROWS))
+    tok_in = t0 + r_in
+    m_in = (tok_in < eos)[:, None]
+    _cp_async(qg_s, g + (tok_in * HV + i_hv)[:, None] * K + c_in[None, :], mask=m_in)
+    _cp_async(kn_s, k + (tok_in * H + i_h)[:, None] * K + c_in[None, :], mask=m_in)
+    _cp_async(kt_s, q + (tok_in * H + i_h)[:, None] * K + c_in[None, :], mask=m_in)
+    async_copy.commit_group()
+
     # A'ᵀ[j, i] = [j ≤ i] − 1/2 (exact in bf16), the right operand of (G − r)ᵀ.
     L_AP: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])
     jj = gl.arange(0, BT, layout=gl.SliceLayout(1, L_AP))
     ii = gl.arange(0, BT, layout=gl.SliceLayout(0, L_AP))
     ap_s.store(gl.where(jj[:, None] <= ii[None, :], 0.5, -0.5).to(gl.bfloat16))
+    async_copy.wait_group(0)
+    fence_async_shared()
+    _cta_barrier()                                   # the inputs and A'ᵀ are in shared memory
 
-    # Channel-major tiles of the chunk: element [c, t] of q, k, g at token t0 + t (padding tokens: zero).
+    # Channel-major tiles [K, BT] read back transposed, in the accumulator layout.
     o_c = gl.arange(0, K, layout=per_row)
     o_t = gl.arange(0, BT, layout=per_col)
-    tok = t0 + o_t
-    m_t = tok < eos
-    p_qk = (tok * H + i_h)[None, :] * K + o_c[:, None]
-    b_k = gl.load(k + p_qk, mask=m_t[None, :], other=0.0).to(gl.float32)
-    b_q = gl.load(q + p_qk, mask=m_t[None, :], other=0.0).to(gl.float32)
-    b_g = gl.load(g + (tok * HV + i_hv)[None, :] * K + o_c[:, None], mask=m_t[None, :], other=0.0).to(gl.float32)
-    b_beta = gl.load(beta + tok * HV + i_hv, mask=m_t, other=0.0).to(gl.float32)
-    if USE_BETA_SIGMOID:
-        b_beta = _rcp(1.0 + _ex2(b_beta * -LOG2E))
-    b_beta = gl.where(m_t, b_beta, 0.0)
-    if USE_L2NORM:
-        b_k = b_k * gl.expand_dims(gl.rsqrt(gl.sum(b_k * b_k, 0) + 1e-6), 0)
-        b_q = b_q * gl.expand_dims(gl.rsqrt(gl.sum(b_q * b_q, 0) + 1e-6), 0)
-
+    m_t = (t0 + o_t) < eos
+    b_g = gl.convert_layout(qg_s.permute((1, 0)).load(a_op), acc).to(gl.float32)
     # Per-step log-decay in base 2 (chunk_prepare._log2_decay, the same folding).
     if USE_GATE:
         c_g = -LOG2E
@@ -152,13 +163,21 @@ def _chunk_prepare_gluon_kernel(
     a_lo = (b_a - a_hi - a_mid).to(gl.bfloat16)
     a_hi = a_hi.to(gl.bfloat16)
     a_mid = a_mid.to(gl.bfloat16)
-    fence_async_shared()
-    _cta_barrier()                                   # A'ᵀ is in shared memory
     b_d = warpgroup_mma(gl.convert_layout(a_hi, a_op), ap_s, gl.zeros([K, BT], gl.float32, layout=acc),
                         is_async=True)
     b_d = warpgroup_mma(gl.convert_layout(a_mid, a_op), ap_s, b_d, is_async=True)
     b_d = warpgroup_mma(gl.convert_layout(a_lo, a_op), ap_s, b_d, is_async=True)
+    if USE_L2NORM:
+        # Token norms from the row-major copies (a row's channels sit in one warp: no cross-warp sums).
+        inv_nk = gl.convert_layout(_inv_row_norms(kn_s, L_ROWS), per_col)
+        inv_nq = gl.convert_layout(_inv_row_norms(kt_s, L_ROWS), per_col)
     b_d = warpgroup_mma_wait(0, deps=[b_d])
+    b_k = gl.convert_layout(kn_s.permute((1, 0)).load(a_op), acc).to(gl.float32)
+    b_q = gl.convert_layout(kt_s.permute((1, 0)).load(a_op), acc).to(gl.float32)
+    if USE_L2NORM:
+        b_k = b_k * gl.expand_dims(inv_nk, 0)
+        b_q = b_q * gl.expand_dims(inv_nq, 0)
+    _cta_barrier()                                   # every thread has read the inputs: their tiles are free
     # r = G_last / 2 is (G − r) at the last token; every decay factor below is e^{±(G − r)} times one of these.
     r_ref = gl.sum(gl.where(o_t[None, :] == BT - 1, b_d, 0.0), 1)
     e_r = _ex2(r_ref)
