@@ -131,9 +131,11 @@ def by_line(compiled, top: int) -> str:
 
 def launcher_configurations(D: int = 64):
     """(name, kernel, constexprs, warps, stages, maxnreg, source, types) of every kernel configuration the
-    launcher (fastkda.kernels) can pick: stage 1 with bf16 or fp32 stage tensors; the Triton stage 2 with
-    bf16 stage tensors and bf16 or fp16 values, or fp32 throughout; the Gluon stage 2 (Hopper, bf16)."""
+    launcher (fastkda.kernels) can pick: the Triton stage 1 with bf16 or fp32 stage tensors; the Triton
+    stage 2 with bf16 stage tensors and bf16 or fp16 values, or fp32 throughout; the Gluon stage 2 and the
+    Gluon stage 1, packed and fixed-length (Hopper, bf16)."""
     from triton.experimental.gluon._runtime import GluonASTSource
+    from fastkda.kernels.chunk_prepare_gluon import _chunk_prepare_gluon_kernel
     from fastkda.kernels.chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
 
     BT = kernels.CHUNK_SIZE
@@ -156,6 +158,15 @@ def launcher_configurations(D: int = 64):
                   **kernels._gluon_layouts(D, kernels.VALUE_BLOCK, BT))
     yield ("stage 2 (Gluon), bf16", _chunk_recurrence_gluon_kernel, consts, kernels.STAGE2_WARPS, 1, None,
            GluonASTSource, None)
+    for varlen in (True, False):
+        yield (f"stage 1 (Gluon), bf16, {'packed' if varlen else 'fixed-length'}", _chunk_prepare_gluon_kernel,
+               _gluon_stage1_constexprs(D, varlen), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource, None)
+
+
+def _gluon_stage1_constexprs(D: int, varlen: bool) -> dict:
+    BT = kernels.CHUNK_SIZE
+    return dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=True, USE_GATE=True,
+                USE_BETA_SIGMOID=True, HAS_A_LOG=True, HAS_DT_BIAS=True, L_ROWS=kernels._gluon_rows_layout(D))
 
 
 def check_all(D: int) -> int:
@@ -205,6 +216,13 @@ def main():
     gluon2 = dict(common, V=D, BV=64, HAS_H0=True, STORE_HT=True, **kernels._gluon_layouts(D, 64, BT))
     compiled = compile_sm90(_chunk_recurrence_gluon_kernel, gluon2, kernels.STAGE2_WARPS, 1, source=GluonASTSource)
     print(f"stage 2, Gluon (BT={BT}, D={D}, {kernels.STAGE2_WARPS} warps): {report(compiled)}")
+    if args.by_line:
+        print(by_line(compiled, args.by_line))
+    # The Gluon stage 1 (what runs on Hopper with bf16 inputs).
+    from fastkda.kernels.chunk_prepare_gluon import _chunk_prepare_gluon_kernel
+    compiled = compile_sm90(_chunk_prepare_gluon_kernel, _gluon_stage1_constexprs(D, True), 4, 1,
+                            kernels.STAGE1_GLUON_MAXNREG, source=GluonASTSource)
+    print(f"stage 1, Gluon (BT={BT}, D={D}, 4 warps, maxnreg {kernels.STAGE1_GLUON_MAXNREG}): {report(compiled)}")
     if args.by_line:
         print(by_line(compiled, args.by_line))
 

@@ -12,9 +12,10 @@ VARIANTS.py is a small Python file naming each variant by text substitutions in 
 
 Each variant is the library's chunk_prepare.py / chunk_recurrence.py with its substitutions applied (every
 `old` must occur, else the run stops before timing anything), compiled as its own module and launched by
-the library's launcher. Stage 1 is timed on its own, stage 2 on the library's stage-1 tensors, both with
-CUDA events (median of 50 after 5 warm-up calls). Each stage-1 variant's tensors are compared with the first
-variant's: an ablation that changes results says so (max |difference|), an optimisation must not.
+the library's launcher -- with the Gluon kernels of that stage switched off, since the variants are of the
+Triton sources (LAUNCH = {"name": {"STAGE2_GLUON": True}} times the Gluon stage 2 under a variant's name).
+Stage 1 is timed on its own, stage 2 on the library's stage-1 tensors, both with CUDA events (median of 50
+after 5 warm-up calls). Each stage-1 variant's tensors are compared with the first variant's: an ablation that changes results says so (max |difference|), an optimisation must not.
 Diagnosis, not a record: numbers for the record come from `python -m fastkda.bench` (validation first).
 `--once` launches instead of timing: each stage-1 variant twice (result check, then once more), each stage-2
 variant once, in the order of the file -- what a profiler run (ncu, with benchmarks/ncu_lines.py) needs.
@@ -113,7 +114,7 @@ def run(stage1: dict, stage2: dict, launch: dict, tasks, device, timer=_median_m
             row = results.setdefault(task.name, {})
             first = None
             for name, kernel in s1.items():
-                with _Launch(_chunk_prepare_kernel=kernel, **launch.get(name, {})):
+                with _Launch(_chunk_prepare_kernel=kernel, **{"STAGE1_GLUON": False, **launch.get(name, {})}):
                     st = kernels.prepare_chunks(x.q, x.k, x.v, x.g, x.beta, **kw)
                     if first is None:
                         first = st
@@ -126,7 +127,7 @@ def run(stage1: dict, stage2: dict, launch: dict, tasks, device, timer=_median_m
             out = torch.empty_like(x.v)
             fs = torch.empty_like(x.initial_state)
             for name, kernel in s2.items():
-                with _Launch(_chunk_recurrence_kernel=kernel, **launch.get(name, {})):
+                with _Launch(_chunk_recurrence_kernel=kernel, **{"STAGE2_GLUON": False, **launch.get(name, {})}):
                     ms = timer(lambda: kernels.run_recurrence(
                         st, x.v, out=out, initial_state=x.initial_state, final_state=fs, cu_seqlens=x.cu_seqlens,
                         state_v_first=True))

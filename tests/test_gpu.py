@@ -66,6 +66,53 @@ def test_full_validation_suite_passes_every_tier():
     assert report.passed, "\n".join(r.message for r in report.results if not r.passed)
 
 
+@pytest.mark.parametrize("D, lens, H, HV, flags", [
+    (128, [5, 70, 0, 33, 1, 96], 2, 2, (True, True, True)),
+    (64, [40, 0, 77], 2, 4, (True, True, True)),          # K = 64, GVA
+    (128, [64, 31], 1, 1, (True, False, False)),          # g as the log-decay itself, β as given
+])
+def test_gluon_stage1_matches_the_triton_stage1(D, lens, H, HV, flags):
+    # The Hopper stage 1 (Gluon) and the portable one (Triton) compute the same tensors with different
+    # rounding inside: T by bf16 high/low products (~16 bits) vs tf32 (~11 bits), G − r by one exact-piece
+    # product vs a scan. Measured on the H200: ~5e-4 relative (a1, aqk; bf16 rounding flips of the outputs
+    # and tf32's error in W), ~4e-5 (kt), ~1e-5 (tb, gl). A wrong mask, factor or row is O(1).
+    from fastkda import kernels
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon stage 1 runs on Hopper")
+    gen = torch.Generator().manual_seed(D + len(lens))
+    T = sum(lens)
+    q, k = (torch.randn(1, T, H, D, generator=gen).to(torch.bfloat16).cuda() for _ in range(2))
+    v = torch.randn(1, T, HV, D, generator=gen).to(torch.bfloat16).cuda()
+    g = torch.randn(1, T, HV, D, generator=gen).to(torch.bfloat16).cuda()
+    if not flags[1]:
+        g = -g.float().abs().mul(2).to(torch.bfloat16)          # a log-decay: <= 0
+    beta = torch.randn(1, T, HV, generator=gen).to(torch.bfloat16).cuda()
+    if not flags[2]:
+        beta = beta.float().sigmoid().to(torch.bfloat16)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    kw = dict(scale=D ** -0.5, A_log=torch.rand(HV).cuda() if flags[1] else None,
+              dt_bias=torch.rand(HV, D).cuda() if flags[1] else None, lower_bound=-5.0 if flags[1] else None,
+              cu_seqlens=cu, use_qk_l2norm=flags[0], use_gate=flags[1], use_beta_sigmoid=flags[2])
+    assert kernels.gluon_stage1_applies(q, k, g)
+    results = []
+    for use_gluon in (True, False):
+        saved, kernels.STAGE1_GLUON = kernels.STAGE1_GLUON, use_gluon
+        try:
+            st = kernels.prepare_chunks(q, k, v, g, beta, **kw)
+        finally:
+            kernels.STAGE1_GLUON = saved
+        results.append(st)
+    st_g, st_t = results
+    used = st_g.n_chunks      # slots past the last chunk are never read
+    for name, tol in (("a1", 2e-3), ("aqk", 2e-3), ("kt", 5e-4), ("tb", 5e-4), ("gl", 5e-4)):
+        x_g = getattr(st_g, name).float()[:, :used] if name != "gl" else st_g.gl[:used]
+        x_t = getattr(st_t, name).float()[:, :used] if name != "gl" else st_t.gl[:used]
+        if name == "tb":      # compare T·diag(β) = high + low
+            x_g, x_t = x_g[:, :, :32] + x_g[:, :, 32:], x_t[:, :, :32] + x_t[:, :, 32:]
+        assert torch.isfinite(x_g).all(), name
+        assert float((x_g - x_t).norm() / x_t.norm()) < tol, name
+
+
 @pytest.mark.parametrize("D,lens,H,HV,with_h0,state_v_first", [
     (128, [8192], 2, 2, True, True),
     (128, [100, 0, 333, 64, 1], 2, 4, False, False),

@@ -108,7 +108,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
                 kt=torch.empty(HV, slots, BT, K, dtype=sdt, device=device),
                 gl=torch.empty(slots, HV, K, dtype=torch.float32, device=device),
                 chunk_offsets=chunk_offsets, n_chunks=n_chunks, N=N)
-    if n_chunks > 0 and N > 0 and gluon_stage1_applies(q, sdt, K):
+    if n_chunks > 0 and N > 0 and gluon_stage1_applies(q, k, g):
         from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
         _chunk_prepare_gluon_kernel[(n_chunks, HV)](
             q, k, g, beta, A_log, dt_bias,
@@ -138,12 +138,19 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     return st
 
 
-def gluon_stage1_applies(q, sdt: torch.dtype, K: int) -> bool:
-    """The Gluon stage 1 covers bf16 stage tensors on Hopper (sm_90) with K = 64 or 128 and BT = 32 (one
-    warpgroup: K and 2·BT are the wgmma row counts); elsewhere, and under the CPU interpreter, the Triton
-    stage 1 runs."""
-    return (STAGE1_GLUON and not _interpreting() and q.is_cuda and sdt == torch.bfloat16 and K in (64, 128)
-            and CHUNK_SIZE == 32 and torch.cuda.get_device_capability(q.device)[0] == 9)
+def _aligned16(*tensors) -> bool:
+    """cp.async copies 16-byte pieces: the Gluon kernels need 16-byte aligned input rows (a view with an odd
+    storage offset is not)."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def gluon_stage1_applies(q, k, g) -> bool:
+    """The Gluon stage 1 covers bf16 inputs (q, k, g share q's dtype) on Hopper (sm_90) with K = 64 or 128 and
+    BT = 32 (one warpgroup: K and 2·BT are the wgmma row counts); elsewhere, and under the CPU interpreter,
+    the Triton stage 1 runs."""
+    return (STAGE1_GLUON and not _interpreting() and q.is_cuda and q.dtype == torch.bfloat16
+            and q.shape[-1] in (64, 128) and CHUNK_SIZE == 32 and _aligned16(q, k, g)
+            and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,7 +166,7 @@ def gluon_stage2_applies(st: Stage1, v) -> bool:
     """The Gluon stage 2 covers bf16 stage tensors and values on Hopper (sm_90); elsewhere, and under the CPU
     interpreter (which cannot run Gluon), the Triton stage 2 runs."""
     return (STAGE2_GLUON and not _interpreting() and v.is_cuda and st.a1.dtype == torch.bfloat16
-            and v.dtype == torch.bfloat16 and torch.cuda.get_device_capability(v.device)[0] == 9)
+            and v.dtype == torch.bfloat16 and _aligned16(v) and torch.cuda.get_device_capability(v.device)[0] == 9)
 
 
 @functools.lru_cache(maxsize=None)
