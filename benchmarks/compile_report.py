@@ -36,7 +36,7 @@ RUNTIME_TYPES = {
     "q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
     "dt_bias": "*fp32", "a1": "*bf16", "tb": "*bf16", "aqk": "*bf16", "kt": "*bf16",
     "gl": "*fp32", "gl_ptr": "*fp32", "h0": "*fp32", "ht": "*fp32", "o": "*bf16",
-    "cu_seqlens": "*i32", "chunk_offsets": "*i32", "chunk_rows": "*i32",
+    "cu_seqlens": "*i32", "chunk_offsets": "*i32", "seq_order": "*i32", "chunk_rows": "*i32",
     "T": "i32", "NC": "i32", "N": "i32", "H": "i32", "HV": "i32", "search_steps": "i32",
     "s_state_k": "i32", "s_state_v": "i32", "scale": "fp32", "lower_bound": "fp32",
 }

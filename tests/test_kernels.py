@@ -194,6 +194,18 @@ def test_chunk_tables_of_packed_sequences(cu_dtype):
     assert all(t0 == eos == 0 for t0, eos in pairs[len(expect_rows):])
 
 
+@pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
+def test_longest_first_orders_sequences_by_length_ties_in_order(cu_dtype):
+    # Stage 2 starts the longest sequences' programs first; every sequence exactly once (a permutation),
+    # equal lengths in their packed order.
+    from fastkda.kernels import longest_first
+    lens = [3, 0, 70, 3, 64, 70, 1]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=cu_dtype, device=DEVICE)
+    order = longest_first(cu)
+    assert order.dtype == torch.int32
+    assert order.cpu().tolist() == [2, 5, 4, 0, 3, 6, 1]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_stage1_tb_holds_the_transposed_inverse_times_beta(dtype):
     # Stage 2 forms U0ᵀ = Vᵀ·(high half + low half): tb[j, i] + tb[BT + j, i] must be

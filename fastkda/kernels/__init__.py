@@ -2,11 +2,15 @@
 
     stage 0 (varlen only)  _chunk_offsets_kernel      chunk offsets of the packed sequences (1 program)
                            _chunk_rows_kernel         token range of every chunk slot
-    stage 1                _chunk_prepare_kernel      per (chunk, value head): a1, tb, aqk, kt, gl
+                           longest_first              packed sequences by decreasing length (torch.argsort)
+    stage 1                _chunk_prepare_gluon_kernel (Hopper, bf16 inputs; chunk_prepare_gluon.py)
+                           or _chunk_prepare_kernel (elsewhere; chunk_prepare.py)
+                                                      per (chunk, value head): a1, tb, aqk, kt, gl
     stage 2                _chunk_recurrence_gluon_kernel (Hopper, bf16 values; chunk_recurrence_gluon.py)
                            or _chunk_recurrence_kernel (elsewhere; chunk_recurrence.py)
-                                                      per (value block, sequence, value head): reads v and the
-                                                      stage-1 tensors; writes out, state
+                                                      per (value block, sequence, value head), longest
+                                                      sequences first: reads v and the stage-1 tensors;
+                                                      writes out, state
 
 Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
 columns in stage 2, 4 warps, stage 1 capped at 168 registers (three programs per SM), three pipeline stages
@@ -55,6 +59,7 @@ class Stage1(NamedTuple):
     kt: torch.Tensor
     gl: torch.Tensor
     chunk_offsets: Optional[torch.Tensor]
+    seq_order: Optional[torch.Tensor]   # packed sequences, longest first (stage 2's program order)
     n_chunks: int   # chunk slots = stage-1 programs along the chunk axis (an upper bound with cu_seqlens)
     N: int          # sequences
 
@@ -83,6 +88,16 @@ def chunk_tables(cu_seqlens: torch.Tensor, T_total: int):
     return slots, chunk_offsets, chunk_rows
 
 
+def longest_first(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Indices of the packed sequences by decreasing length (ties in order), int32, on the device.
+
+    Stage 2 runs one program per (value block, sequence, head), each as long as its sequence, and the GPU
+    starts programs in grid order: with the longest sequences' programs first, the short ones fill the gaps
+    at the end (longest-processing-time-first list scheduling) instead of a long sequence starting last and
+    running alone (docs/perf-notes.md, session 6)."""
+    return torch.argsort(cu_seqlens[1:] - cu_seqlens[:-1], descending=True, stable=True).to(torch.int32)
+
+
 def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm,
                    use_gate, use_beta_sigmoid) -> Stage1:
     """Stage 0 and stage 1: allocate and fill the per-chunk tensors."""
@@ -96,10 +111,11 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     if varlen:
         N = cu_seqlens.numel() - 1
         n_chunks, chunk_offsets, chunk_rows = chunk_tables(cu_seqlens, T_total)
+        seq_order = longest_first(cu_seqlens)
     else:
         N = B
         n_chunks = B * triton.cdiv(T, BT)
-        chunk_offsets = chunk_rows = None
+        chunk_offsets = chunk_rows = seq_order = None
     sdt = stage_dtype(q.dtype)
     slots = max(n_chunks, 1)
     st = Stage1(a1=torch.empty(HV, slots, 2 * BT, K, dtype=sdt, device=device),
@@ -107,7 +123,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
                 aqk=torch.empty(HV, slots, BT, BT, dtype=sdt, device=device),
                 kt=torch.empty(HV, slots, BT, K, dtype=sdt, device=device),
                 gl=torch.empty(slots, HV, K, dtype=torch.float32, device=device),
-                chunk_offsets=chunk_offsets, n_chunks=n_chunks, N=N)
+                chunk_offsets=chunk_offsets, seq_order=seq_order, n_chunks=n_chunks, N=N)
     if n_chunks > 0 and N > 0 and gluon_stage1_applies(q, k, g):
         from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
         _chunk_prepare_gluon_kernel[(n_chunks, HV)](
@@ -193,7 +209,7 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
     # Both stage-2 kernels take the same arguments; each adds its own compile-time settings.
     grid = (V // BV, st.N * HV)
     args = (st.a1, st.tb, st.aqk, st.kt, st.gl, v, initial_state, final_state, out, cu_seqlens, st.chunk_offsets,
-            T, st.a1.shape[1], s_state_k, s_state_v, HV)
+            st.seq_order, T, st.a1.shape[1], s_state_k, s_state_v, HV)
     common = dict(K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=cu_seqlens is not None,
                   HAS_H0=initial_state is not None, STORE_HT=final_state is not None, num_warps=STAGE2_WARPS)
     if gluon_stage2_applies(st, v):

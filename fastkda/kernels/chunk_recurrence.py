@@ -36,7 +36,7 @@ from .matmul import _mm
 def _chunk_recurrence_kernel(
     a1, tb, aqk, kt, gl, v,
     h0, ht, o,
-    cu_seqlens, chunk_offsets,
+    cu_seqlens, chunk_offsets, seq_order,
     T, NC,
     s_state_k, s_state_v,
     HV, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
@@ -44,13 +44,14 @@ def _chunk_recurrence_kernel(
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
-    n = i_nh // HV
     i_hv = i_nh % HV
     if IS_VARLEN:
+        n = tl.load(seq_order + i_nh // HV)      # the longest sequences' programs first (kernels/__init__.py)
         bos = tl.load(cu_seqlens + n).to(tl.int32)
         eos = tl.load(cu_seqlens + n + 1).to(tl.int32)
         c_first = tl.load(chunk_offsets + n)
     else:
+        n = i_nh // HV
         bos = n * T
         eos = bos + T
         c_first = n * tl.cdiv(T, BT)

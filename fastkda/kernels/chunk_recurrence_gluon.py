@@ -67,7 +67,7 @@ def _issue_chunk_loads(c, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, b
 def _chunk_recurrence_gluon_kernel(
     a1, tb, aqk, kt, gl_ptr, v,
     h0, ht, o,
-    cu_seqlens, chunk_offsets,
+    cu_seqlens, chunk_offsets, seq_order,
     T, NC,
     s_state_k, s_state_v,
     HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr,
@@ -77,13 +77,14 @@ def _chunk_recurrence_gluon_kernel(
     STAGES: gl.constexpr = 3
     i_v = gl.program_id(0)
     i_nh = gl.program_id(1)
-    n = i_nh // HV
     i_hv = i_nh % HV
     if IS_VARLEN:
+        n = gl.load(seq_order + i_nh // HV)      # the longest sequences' programs first (kernels/__init__.py)
         bos = gl.load(cu_seqlens + n).to(gl.int32)
         eos = gl.load(cu_seqlens + n + 1).to(gl.int32)
         c_first = gl.load(chunk_offsets + n)
     else:
+        n = i_nh // HV
         bos = n * T
         eos = bos + T
         c_first = n * gl.cdiv(T, BT)
