@@ -15,7 +15,8 @@ Each variant is the library's chunk_prepare.py / chunk_recurrence.py with its su
 the library's launcher -- with the Gluon kernels of that stage switched off, since the variants are of the
 Triton sources (LAUNCH = {"name": {"STAGE2_GLUON": True}} times the Gluon stage 2 under a variant's name).
 Stage 1 is timed on its own, stage 2 on the library's stage-1 tensors, both with CUDA events (median of 50
-after 5 warm-up calls). Each stage-1 variant's tensors are compared with the first variant's: an ablation that changes results says so (max |difference|), an optimisation must not.
+after 5 warm-up calls). Each stage-1 variant's tensors are compared with the first variant's: an ablation
+that changes results says so (max |difference|), an optimisation must not.
 Diagnosis, not a record: numbers for the record come from `python -m fastkda.bench` (validation first).
 `--once` launches instead of timing: each stage-1 variant twice (result check, then once more), each stage-2
 variant once, in the order of the file -- what a profiler run (ncu, with benchmarks/ncu_lines.py) needs.

@@ -124,33 +124,26 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
                 kt=torch.empty(HV, slots, BT, K, dtype=sdt, device=device),
                 gl=torch.empty(slots, HV, K, dtype=torch.float32, device=device),
                 chunk_offsets=chunk_offsets, seq_order=seq_order, n_chunks=n_chunks, N=N)
-    if n_chunks > 0 and N > 0 and gluon_stage1_applies(q, k, g):
-        from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
-        _chunk_prepare_gluon_kernel[(n_chunks, HV)](
-            q, k, g, beta, A_log, dt_bias,
-            st.a1, st.tb, st.aqk, st.kt, st.gl,
-            chunk_rows,
-            T, slots, scale, 0.0 if lower_bound is None else lower_bound,
-            H, HV, K=K, BT=BT, LOG2_BT=BT.bit_length() - 1,
-            IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm, USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid,
-            HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None, L_ROWS=_gluon_rows_layout(K),
-            num_warps=4, **({} if STAGE1_GLUON_MAXNREG is None else {"maxnreg": STAGE1_GLUON_MAXNREG}),
-        )
-    elif n_chunks > 0 and N > 0:
-        # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
-        _chunk_prepare_kernel[(n_chunks, HV)](
-            q, k, g, beta, A_log, dt_bias,
-            st.a1, st.tb, st.aqk, st.kt, st.gl,
-            chunk_rows,
-            T, slots, scale, 0.0 if lower_bound is None else lower_bound,
-            H, HV, K=K, BT=BT, LOG2_BT=BT.bit_length() - 1,
-            IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm, USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid,
-            HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
-            DOT_PRECISION="ieee" if _interpreting() else "tf32",
-            MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=_interpreting(),
-            num_warps=STAGE1_WARPS, num_stages=1,
-            **({} if STAGE1_MAXNREG is None else {"maxnreg": STAGE1_MAXNREG}),
-        )
+    if n_chunks > 0 and N > 0:
+        # Both stage-1 kernels take the same arguments; each adds its own compile-time settings.
+        grid = (n_chunks, HV)
+        args = (q, k, g, beta, A_log, dt_bias, st.a1, st.tb, st.aqk, st.kt, st.gl, chunk_rows,
+                T, slots, scale, 0.0 if lower_bound is None else lower_bound, H, HV)
+        common = dict(K=K, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm,
+                      USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid, HAS_A_LOG=A_log is not None,
+                      HAS_DT_BIAS=dt_bias is not None)
+        if gluon_stage1_applies(q, k, g):
+            from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
+            _chunk_prepare_gluon_kernel[grid](
+                *args, **common, L_ROWS=_gluon_rows_layout(K), num_warps=4,          # one warpgroup
+                **({} if STAGE1_GLUON_MAXNREG is None else {"maxnreg": STAGE1_GLUON_MAXNREG}))
+        else:
+            # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
+            _chunk_prepare_kernel[grid](
+                *args, **common, DOT_PRECISION="ieee" if _interpreting() else "tf32",
+                MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=_interpreting(),
+                num_warps=STAGE1_WARPS, num_stages=1,
+                **({} if STAGE1_MAXNREG is None else {"maxnreg": STAGE1_MAXNREG}))
     return st
 
 
