@@ -180,7 +180,7 @@ def test_chunk_tables_of_packed_sequences(cu_dtype):
     from fastkda.kernels import CHUNK_SIZE as BT, chunk_tables
     lens = [0, 1, BT, BT + 1, 0, 3 * BT, 5, 0]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=cu_dtype, device=DEVICE)
-    slots, offsets, rows = chunk_tables(cu, sum(lens))
+    slots, offsets, rows, _ = chunk_tables(cu, sum(lens))
     expect_rows, expect_offsets, start = [], [0], 0
     for n in lens:
         chunks = -(-n // BT)
@@ -195,15 +195,20 @@ def test_chunk_tables_of_packed_sequences(cu_dtype):
 
 
 @pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
-def test_longest_first_orders_sequences_by_length_ties_in_order(cu_dtype):
+@pytest.mark.parametrize("in_kernel", [True, False])
+def test_sequences_longest_first_ties_in_order(cu_dtype, in_kernel, monkeypatch):
     # Stage 2 starts the longest sequences' programs first; every sequence exactly once (a permutation),
-    # equal lengths in their packed order.
-    from fastkda.kernels import longest_first
-    lens = [3, 0, 70, 3, 64, 70, 1]
+    # equal lengths in their packed order -- ranked in the chunk-offsets kernel (more sequences than one
+    # JBLOCK of 16) or sorted (longest_first), the same order.
+    from fastkda import kernels
+    monkeypatch.setattr(kernels, "ORDER_IN_KERNEL", 256 if in_kernel else 0)
+    lens = [3, 0, 70, 3, 64, 70, 1] + [5] * 12 + [0, 70]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=cu_dtype, device=DEVICE)
-    order = longest_first(cu)
+    order = kernels.chunk_tables(cu, sum(lens))[3]
     assert order.dtype == torch.int32
-    assert order.cpu().tolist() == [2, 5, 4, 0, 3, 6, 1]
+    expect = sorted(range(len(lens)), key=lambda n: (-lens[n], n))
+    assert order.cpu().tolist() == expect
+    assert kernels.longest_first(cu).cpu().tolist() == expect
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

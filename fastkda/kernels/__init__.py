@@ -1,8 +1,8 @@
 """Triton launcher for the KDA forward: two kernels, no host-device synchronisation.
 
-    stage 0 (varlen only)  _chunk_offsets_kernel      chunk offsets of the packed sequences (1 program)
+    stage 0 (varlen only)  _chunk_offsets_kernel      chunk offsets of the packed sequences and their
+                                                      longest-first order (1 program)
                            _chunk_rows_kernel         token range of every chunk slot
-                           longest_first              packed sequences by decreasing length (torch.argsort)
     stage 1                _chunk_prepare_gluon_kernel (Hopper, bf16 inputs; chunk_prepare_gluon.py)
                            or _chunk_prepare_kernel (elsewhere; chunk_prepare.py)
                                                       per (chunk, value head): a1, tb, aqk, kt, gl
@@ -42,6 +42,8 @@ STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, T
 STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
 STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
 STAGE1_GLUON_MAXNREG = 168   # three Gluon stage-1 programs per SM
+ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
+                         # (N² comparisons in one program); beyond, sorted by torch
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -71,25 +73,32 @@ def _interpreting() -> bool:
 def chunk_tables(cu_seqlens: torch.Tensor, T_total: int):
     """Chunk bookkeeping of packed sequences, built on the device (no synchronisation).
 
-    Returns (slots, chunk_offsets, chunk_rows): ``slots`` = ceil(T_total / BT) + N bounds the number of chunks
-    (each sequence adds at most one partial chunk) and is strictly larger than it, so the slot where an empty
-    sequence would start exists (stage 2 prefetches from it); ``chunk_offsets[n]`` = first chunk slot of
-    sequence n (N + 1 entries); ``chunk_rows[2c], chunk_rows[2c + 1]`` = first token and end of the sequence
-    of slot c, an empty range for slots past the last chunk.
+    Returns (slots, chunk_offsets, chunk_rows, seq_order): ``slots`` = ceil(T_total / BT) + N bounds the
+    number of chunks (each sequence adds at most one partial chunk) and is strictly larger than it, so the
+    slot where an empty sequence would start exists (stage 2 prefetches from it); ``chunk_offsets[n]`` = first
+    chunk slot of sequence n (N + 1 entries); ``chunk_rows[2c], chunk_rows[2c + 1]`` = first token and end of
+    the sequence of slot c, an empty range for slots past the last chunk; ``seq_order`` = the sequences
+    longest first (longest_first), ranked in the chunk-offsets kernel for up to ORDER_IN_KERNEL sequences.
     """
     N = cu_seqlens.numel() - 1
     BT = CHUNK_SIZE
     slots = triton.cdiv(T_total, BT) + N
     chunk_offsets = torch.empty(N + 1, dtype=torch.int32, device=cu_seqlens.device)
-    _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, N, BT=BT, BLOCK=1024)
+    in_kernel = N <= ORDER_IN_KERNEL
+    seq_order = torch.empty(N, dtype=torch.int32, device=cu_seqlens.device) if in_kernel else None
+    _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, seq_order, N, BT=BT, BLOCK=1024, ORDER=in_kernel,
+                                NBLOCK=triton.next_power_of_2(max(N, 16)) if in_kernel else 16, JBLOCK=16)
+    if not in_kernel:
+        seq_order = longest_first(cu_seqlens)
     chunk_rows = torch.empty(2 * slots, dtype=torch.int32, device=cu_seqlens.device)
     _chunk_rows_kernel[(triton.cdiv(slots, 256),)](cu_seqlens, chunk_offsets, chunk_rows, N, slots,
                                                     max(1, N.bit_length()), BT=BT, BLOCK=256)
-    return slots, chunk_offsets, chunk_rows
+    return slots, chunk_offsets, chunk_rows, seq_order
 
 
 def longest_first(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Indices of the packed sequences by decreasing length (ties in order), int32, on the device.
+    """Indices of the packed sequences by decreasing length (ties in order), int32, on the device (a sort;
+    chunk_tables ranks them in its first kernel instead, up to ORDER_IN_KERNEL sequences).
 
     Stage 2 runs one program per (value block, sequence, head), each as long as its sequence, and the GPU
     starts programs in grid order: with the longest sequences' programs first, the short ones fill the gaps
@@ -110,8 +119,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     check_index_range(T_total, H, HV, K, V, cu_seqlens.numel() - 1 if varlen else B, BT)
     if varlen:
         N = cu_seqlens.numel() - 1
-        n_chunks, chunk_offsets, chunk_rows = chunk_tables(cu_seqlens, T_total)
-        seq_order = longest_first(cu_seqlens)
+        n_chunks, chunk_offsets, chunk_rows, seq_order = chunk_tables(cu_seqlens, T_total)
     else:
         N = B
         n_chunks = B * triton.cdiv(T, BT)
