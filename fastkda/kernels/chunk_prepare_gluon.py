@@ -1,5 +1,5 @@
-"""Stage 1 in Gluon (Hopper, bf16 stage tensors): the per-chunk work of chunk_prepare.py, same outputs,
-computed channel-major so that every product runs on the warpgroup tensor cores (wgmma).
+"""Stage 1 in Gluon (Hopper, bf16 inputs): the per-chunk work of chunk_prepare.py, same outputs, computed
+channel-major so that every product runs on the warpgroup tensor cores (wgmma).
 
 One program (one warpgroup) per (chunk of BT tokens, value head). The element-wise work holds tiles
 transposed, [K channels × BT tokens], in the register layout of a wgmma accumulator with N = BT, so that:
@@ -14,9 +14,11 @@ converted from an accumulator with N = BT columns is already a left operand with
 movement), which is what the layout buys: aᵀ's pieces and the halves of T feed the next product straight from
 registers. The doubling's products run as three bf16 products (high·high + high·low + low·high: ~16
 significant bits, more than the Triton kernel's tf32). Per-channel vectors cost 4 registers per thread and
-per-token vectors 8, the transposed tiles reach shared memory with the transposing matrix store, and the
-tiles leave for global memory as 16-byte rows. Outputs, their layouts and their rounding points are those of
-chunk_prepare.py (tests/test_gpu.py compares the two kernels).
+per-token vectors 8. The input rows arrive by cp.async and are read transposed with ldmatrix; the output
+tiles reach shared memory with the transposing matrix store and leave as 16-byte rows. Outputs and their
+layouts are those of chunk_prepare.py, and so are the points where values are rounded to bf16; inside, T is
+more precise and G − r comes from exact products instead of a scan (tests/test_gpu.py compares the two
+kernels: ~5e-4 relative; docs/perf-notes.md, session 6).
 """
 
 from triton.experimental import gluon
