@@ -211,6 +211,16 @@ def test_sequences_longest_first_ties_in_order(cu_dtype, in_kernel, monkeypatch)
     assert kernels.longest_first(cu).cpu().tolist() == expect
 
 
+def test_gluon_kernels_need_16_byte_aligned_inputs():
+    # Their cp.async copies move 16-byte pieces: a contiguous view that starts one element into its storage
+    # must send the call to the Triton kernels (tests/test_gpu.py runs one).
+    from fastkda.kernels import _aligned16
+    buf = torch.zeros(1 + 4 * 128, dtype=torch.bfloat16)
+    assert buf.data_ptr() % 64 == 0 and _aligned16(buf[:4 * 128])       # torch allocations are aligned
+    assert not _aligned16(buf[1:])
+    assert not _aligned16(buf[:8], buf[1:9])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_stage1_tb_holds_the_transposed_inverse_times_beta(dtype):
     # Stage 2 forms U0ᵀ = Vᵀ·(high half + low half): tb[j, i] + tb[BT + j, i] must be
