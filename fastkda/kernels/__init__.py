@@ -43,7 +43,7 @@ STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values):
 STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
 STAGE1_GLUON_MAXNREG = 168   # three Gluon stage-1 programs per SM
 ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
-                         # (N² comparisons in one program); beyond, sorted by torch
+                         # (N² comparisons in one program; a power of two); beyond, sorted by torch
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -87,7 +87,7 @@ def chunk_tables(cu_seqlens: torch.Tensor, T_total: int):
     in_kernel = N <= ORDER_IN_KERNEL
     seq_order = torch.empty(N, dtype=torch.int32, device=cu_seqlens.device) if in_kernel else None
     _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, seq_order, N, BT=BT, BLOCK=1024, ORDER=in_kernel,
-                                NBLOCK=triton.next_power_of_2(max(N, 16)) if in_kernel else 16, JBLOCK=16)
+                                NBLOCK=max(ORDER_IN_KERNEL, 16), JBLOCK=16)   # one compiled variant for any N
     if not in_kernel:
         seq_order = longest_first(cu_seqlens)
     chunk_rows = torch.empty(2 * slots, dtype=torch.int32, device=cu_seqlens.device)
