@@ -166,7 +166,7 @@ def launcher_configurations(D: int = 64):
 def _gluon_stage1_constexprs(D: int, varlen: bool) -> dict:
     BT = kernels.CHUNK_SIZE
     return dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=True, USE_GATE=True,
-                USE_BETA_SIGMOID=True, HAS_A_LOG=True, HAS_DT_BIAS=True, L_ROWS=kernels._gluon_rows_layout(D))
+                USE_BETA_SIGMOID=True, HAS_A_LOG=True, HAS_DT_BIAS=True)
 
 
 def check_all(D: int) -> int:

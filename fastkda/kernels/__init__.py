@@ -41,7 +41,7 @@ STAGE2_WARPS = 4
 STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, Triton kernel)
 STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
 STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
-STAGE1_GLUON_MAXNREG = 168   # three Gluon stage-1 programs per SM
+STAGE1_GLUON_MAXNREG = 96    # five Gluon stage-1 programs per SM (43 KB of shared memory each)
 ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
                          # (N² comparisons in one program; a power of two); beyond, sorted by torch
 
@@ -143,7 +143,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
         if gluon_stage1_applies(q, k, g):
             from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
             _chunk_prepare_gluon_kernel[grid](
-                *args, **common, L_ROWS=_gluon_rows_layout(K), num_warps=4,          # one warpgroup
+                *args, **common, num_warps=4,          # one warpgroup
                 **({} if STAGE1_GLUON_MAXNREG is None else {"maxnreg": STAGE1_GLUON_MAXNREG}))
         else:
             # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
@@ -168,15 +168,6 @@ def gluon_stage1_applies(q, k, g) -> bool:
     return (STAGE1_GLUON and not _interpreting() and q.is_cuda and q.dtype == torch.bfloat16
             and q.shape[-1] in (64, 128) and CHUNK_SIZE == 32 and _aligned16(q, k, g)
             and torch.cuda.get_device_capability(q.device)[0] == 9)
-
-
-@functools.lru_cache(maxsize=None)
-def _gluon_rows_layout(cols: int):
-    """Register layout of a [rows, cols] tile moved as 16-byte rows (8 bf16 per thread), four warps."""
-    from triton.experimental.gluon import language as gl
-
-    lanes = min(32, cols // 8)
-    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [4, 1], [1, 0])
 
 
 def gluon_stage2_applies(st: Stage1, v) -> bool:

@@ -61,109 +61,30 @@ def _split_bf16(x):
 
 
 @gluon.jit
-def _inv_row_norms(smem, L_ROWS: gl.constexpr):
-    """1 / sqrt(|row|² + 1e-6) of each row of a [rows, K] shared tile (the l2 normalisation of chunk_prepare)."""
+def _row_sq_sums(smem, L_ROWS: gl.constexpr):
+    """|row|² of each row of a [rows, KB] shared tile (a row's channels sit in one warp: no cross-warp sums)."""
     x = smem.load(L_ROWS).to(gl.float32)
-    return gl.rsqrt(gl.sum(x * x, 1) + 1e-6)
+    return gl.sum(x * x, 1)
 
 
 @gluon.jit
-def _store_rows(dst, smem, R: gl.constexpr, C: gl.constexpr, L_ROWS: gl.constexpr):
-    """The [R, C] shared tile to global rows dst[r * C + c] in 16-byte pieces."""
+def _store_rows(dst, row_stride, smem, R: gl.constexpr, C: gl.constexpr, L_ROWS: gl.constexpr):
+    """The [R, C] shared tile to global rows dst[r * row_stride + c] in 16-byte pieces."""
     r = gl.arange(0, R, layout=gl.SliceLayout(1, L_ROWS))
     c = gl.arange(0, C, layout=gl.SliceLayout(0, L_ROWS))
-    gl.store(dst + r[:, None] * C + c[None, :], smem.load(L_ROWS))
+    gl.store(dst + r[:, None] * row_stride + c[None, :], smem.load(L_ROWS))
 
 
 @gluon.jit
-def _chunk_prepare_gluon_kernel(
-    q, k, g, beta, A_log, dt_bias,
-    a1, tb, aqk, kt, gl_ptr,
-    chunk_rows,
-    T, NC, scale, lower_bound,
-    H, HV, K: gl.constexpr,
-    BT: gl.constexpr, LOG2_BT: gl.constexpr,
-    IS_VARLEN: gl.constexpr, USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, USE_BETA_SIGMOID: gl.constexpr,
-    HAS_A_LOG: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
-    L_ROWS: gl.constexpr,
-):
-    i_c = gl.program_id(0)
-    i_hv = gl.program_id(1)
-    i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        t0 = gl.load(chunk_rows + 2 * i_c)
-        eos = gl.load(chunk_rows + 2 * i_c + 1)
-    else:
-        NT = gl.cdiv(T, BT)
-        eos = (i_c // NT + 1) * T
-        t0 = eos - T + (i_c % NT) * BT
-    blk = (i_hv * NC + i_c).to(gl.int64)
-
-    # Accumulators with N = BT columns (one warpgroup): the channel-major tiles [K, BT] and the row-major
-    # chunk matrices [2·BT, BT] (rows 0..BT−1: L, then T; rows BT..2·BT−1: Aqk, zero in T).
-    acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
-    per_row: gl.constexpr = gl.SliceLayout(1, acc)       # a channel of [K, BT]; a row of [2·BT, BT]
-    per_col: gl.constexpr = gl.SliceLayout(0, acc)       # a token
-    sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
-    pq_s = gl.allocate_shared_memory(gl.bfloat16, [2 * BT, K], sw_k)     # [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
-    kn_s = gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k)         # k̂⊙e^{r−G}
-    qg_s = gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k)         # Qg, later −W (staging for stores)
-    kt_s = gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k)         # Kt (staging)
-    ap_s = gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t)        # A'ᵀ
-    lh_s = gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t)    # L, later T·diag(β): high half
-    ll_s = gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t)    # ... low half
-    th_s = (gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t),  # T_b, two buffers by level parity
-            gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t))
-    tl_s = (gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t),
-            gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t))
-
-    # The chunk's g, k, q rows (padding rows zero-filled) land by cp.async in 16-byte pieces, in tiles that
-    # are written only after these are read: g in qg_s, k in kn_s, q in kt_s.
-    r_in = gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS))
-    c_in = gl.arange(0, K, layout=gl.SliceLayout(0, L_ROWS))
-    tok_in = t0 + r_in
-    m_in = (tok_in < eos)[:, None]
-    _cp_async(qg_s, g + (tok_in * HV + i_hv)[:, None] * K + c_in[None, :], mask=m_in)
-    _cp_async(kn_s, k + (tok_in * H + i_h)[:, None] * K + c_in[None, :], mask=m_in)
-    _cp_async(kt_s, q + (tok_in * H + i_h)[:, None] * K + c_in[None, :], mask=m_in)
-    async_copy.commit_group()
-
-    # The small inputs, loaded now (their latency hides behind the tiles'; loaded where first needed they
-    # showed as 7% of the stall samples): the gate's constants, β by row of [L; Aqk] and by column of T.
-    o_c = gl.arange(0, K, layout=per_row)
-    o_t = gl.arange(0, BT, layout=per_col)
-    m_t = (t0 + o_t) < eos
-    o_r = gl.arange(0, 2 * BT, layout=per_row)
-    o_i = o_r % BT
-    is_l = o_r < BT
-    m_i = is_l & ((t0 + o_i) < eos)
-    beta_i = gl.load(beta + (t0 + o_i) * HV + i_hv, mask=m_i, other=0.0).to(gl.float32)
-    beta_j = gl.load(beta + (t0 + o_t) * HV + i_hv, mask=m_t, other=0.0).to(gl.float32)
-    if USE_GATE:
-        c_g = -LOG2E
-        if HAS_A_LOG:
-            c_g = c_g * gl.exp(gl.load(A_log + i_hv))
-        if HAS_DT_BIAS:
-            d_g = gl.load(dt_bias + i_hv * K + o_c) * c_g
-    if USE_BETA_SIGMOID:
-        beta_i = _rcp(1.0 + _ex2(beta_i * -LOG2E))
-        beta_j = _rcp(1.0 + _ex2(beta_j * -LOG2E))
-    beta_i = gl.where(m_i, beta_i, 0.0)
-    beta_j = gl.where(m_t, beta_j, 0.0)
-
-    # A'ᵀ[j, i] = [j ≤ i] − 1/2 (exact in bf16), the right operand of (G − r)ᵀ.
-    L_AP: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])
-    jj = gl.arange(0, BT, layout=gl.SliceLayout(1, L_AP))
-    ii = gl.arange(0, BT, layout=gl.SliceLayout(0, L_AP))
-    ap_s.store(gl.where(jj[:, None] <= ii[None, :], 0.5, -0.5).to(gl.bfloat16))
-    async_copy.wait_group(0)
-    fence_async_shared()
-    _cta_barrier()                                   # the inputs and A'ᵀ are in shared memory
-
-    # Channel-major tiles [K, BT] read back transposed, in the accumulator layout.
-    b_g = gl.convert_layout(qg_s.permute((1, 0)).load(a_op), acc).to(gl.float32)
+def _channel_block(h, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, m_t, o_t, gl_ptr, i_c, i_hv, HV,
+                   scale, lower_bound, K: gl.constexpr, KB: gl.constexpr, BT: gl.constexpr,
+                   USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+                   acc: gl.constexpr, a_op: gl.constexpr):
+    """The element-wise work of channels h·KB .. (h + 1)·KB − 1, channel-major [KB, BT]: the decays, the
+    operands of [L; Aqk] into pq_s[h] (k̂⊙e^{G−r}; q̂⊙e^{G−r}) and in_k[h] (k̂⊙e^{r−G}), Qg into in_g[h], Kt
+    into in_q[h], gl to global. Returns e^r of these channels (W's factor)."""
+    o_c = h * KB + gl.arange(0, KB, layout=gl.SliceLayout(1, acc))
+    b_g = gl.convert_layout(in_g.index(h).permute((1, 0)).load(a_op), acc).to(gl.float32)
     # Per-step log-decay in base 2 (chunk_prepare._log2_decay, the same folding).
     if USE_GATE:
         if HAS_DT_BIAS:
@@ -182,43 +103,163 @@ def _chunk_prepare_gluon_kernel(
     a_lo = (b_a - a_hi - a_mid).to(gl.bfloat16)
     a_hi = a_hi.to(gl.bfloat16)
     a_mid = a_mid.to(gl.bfloat16)
-    b_d = warpgroup_mma(gl.convert_layout(a_hi, a_op), ap_s, gl.zeros([K, BT], gl.float32, layout=acc),
+    b_d = warpgroup_mma(gl.convert_layout(a_hi, a_op), ap_s, gl.zeros([KB, BT], gl.float32, layout=acc),
                         is_async=True)
     b_d = warpgroup_mma(gl.convert_layout(a_mid, a_op), ap_s, b_d, is_async=True)
     b_d = warpgroup_mma(gl.convert_layout(a_lo, a_op), ap_s, b_d, is_async=True)
-    if USE_L2NORM:
-        # Token norms from the row-major copies (a row's channels sit in one warp: no cross-warp sums).
-        inv_nk = gl.convert_layout(_inv_row_norms(kn_s, L_ROWS), per_col)
-        inv_nq = gl.convert_layout(_inv_row_norms(kt_s, L_ROWS), per_col)
     b_d = warpgroup_mma_wait(0, deps=[b_d])
-    b_k = gl.convert_layout(kn_s.permute((1, 0)).load(a_op), acc).to(gl.float32)
-    b_q = gl.convert_layout(kt_s.permute((1, 0)).load(a_op), acc).to(gl.float32)
-    if USE_L2NORM:
-        b_k = b_k * gl.expand_dims(inv_nk, 0)
-        b_q = b_q * gl.expand_dims(inv_nq, 0)
-    _cta_barrier()                                   # every thread has read the inputs: their tiles are free
     # r = G_last / 2 is (G − r) at the last token; every decay factor below is e^{±(G − r)} times one of these.
     r_ref = gl.sum(gl.where(o_t[None, :] == BT - 1, b_d, 0.0), 1)
     e_r = _ex2(r_ref)
     gl.store(gl_ptr + (i_c * HV + i_hv) * K + o_c, _ex2(2.0 * r_ref))             # e^{G_last}
-
+    # q, then k: one input tile live at a time.
     e_pos = _ex2(b_d)
-    k_pos = b_k * e_pos
+    b_q = gl.convert_layout(in_q.index(h).permute((1, 0)).load(a_op), acc).to(gl.float32)
+    if USE_L2NORM:
+        b_q = b_q * gl.expand_dims(inv_nq, 0)
     q_pos = b_q * e_pos
-    pq_s.slice(0, BT).store(gl.permute(k_pos.to(gl.bfloat16), (1, 0)))
-    pq_s.slice(BT, BT).store(gl.permute(q_pos.to(gl.bfloat16), (1, 0)))
-    qg_s.store(gl.permute((q_pos * gl.expand_dims(e_r * scale, 1)).to(gl.bfloat16), (1, 0)))  # Qg
+    pq_s.index(h).slice(BT, BT).store(gl.permute(q_pos.to(gl.bfloat16), (1, 0)))
+    b_qg = (q_pos * gl.expand_dims(e_r * scale, 1)).to(gl.bfloat16)                       # Qg
+    b_k = gl.convert_layout(in_k.index(h).permute((1, 0)).load(a_op), acc).to(gl.float32)
+    if USE_L2NORM:
+        b_k = b_k * gl.expand_dims(inv_nk, 0)
+    pq_s.index(h).slice(0, BT).store(gl.permute((b_k * e_pos).to(gl.bfloat16), (1, 0)))
     k_neg = b_k * _ex2(-b_d)
-    kn_s.store(gl.permute(k_neg.to(gl.bfloat16), (1, 0)))
-    kt_s.store(gl.permute((k_neg * gl.expand_dims(e_r, 1)).to(gl.bfloat16), (1, 0)))     # k̂ e^{G_last − G}
+    _cta_barrier()                                   # every thread has read block h's inputs: its tiles are free
+    in_g.index(h).store(gl.permute(b_qg, (1, 0)))
+    in_k.index(h).store(gl.permute(k_neg.to(gl.bfloat16), (1, 0)))
+    in_q.index(h).store(gl.permute((k_neg * gl.expand_dims(e_r, 1)).to(gl.bfloat16), (1, 0)))  # k̂ e^{G_last − G}
+    return e_r
+
+
+@gluon.jit
+def _w_block(h, e_r, pq_s, th_s, tl_s, w_s, BT: gl.constexpr, KB: gl.constexpr, acc: gl.constexpr):
+    """−W of channels h·KB .. (h + 1)·KB − 1 into w_s[h]: Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ · e^r."""
+    kpos_t = pq_s.index(h).slice(0, BT).permute((1, 0))
+    b_w = warpgroup_mma(kpos_t, th_s.slice(0, BT).permute((1, 0)), gl.zeros([KB, BT], gl.float32, layout=acc),
+                        is_async=True)
+    b_w = warpgroup_mma(kpos_t, tl_s.slice(0, BT).permute((1, 0)), b_w, is_async=True)
+    b_w = warpgroup_mma_wait(0, deps=[b_w])
+    w_s.index(h).store(gl.permute((b_w * gl.expand_dims(-e_r, 1)).to(gl.bfloat16), (1, 0)))
+
+
+@gluon.jit
+def _chunk_prepare_gluon_kernel(
+    q, k, g, beta, A_log, dt_bias,
+    a1, tb, aqk, kt, gl_ptr,
+    chunk_rows,
+    T, NC, scale, lower_bound,
+    H, HV, K: gl.constexpr,
+    BT: gl.constexpr, LOG2_BT: gl.constexpr,
+    IS_VARLEN: gl.constexpr, USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, USE_BETA_SIGMOID: gl.constexpr,
+    HAS_A_LOG: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+):
+    i_c = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        t0 = gl.load(chunk_rows + 2 * i_c)
+        eos = gl.load(chunk_rows + 2 * i_c + 1)
+    else:
+        NT = gl.cdiv(T, BT)
+        eos = (i_c // NT + 1) * T
+        t0 = eos - T + (i_c % NT) * BT
+    blk = (i_hv * NC + i_c).to(gl.int64)
+
+    # Channels in blocks of KB = 64 (NKB = K / 64 blocks), one after the other: the element-wise work of one
+    # block at a time keeps the register peak low enough for more programs per SM. Accumulators with N = BT
+    # columns (one warpgroup), 64 rows: channel-major tiles [KB, BT] and the chunk matrices [2·BT, BT]
+    # (rows 0..BT−1: L, then T; rows BT..2·BT−1: Aqk, zero in T).
+    KB: gl.constexpr = 64
+    NKB: gl.constexpr = K // KB
+    acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    per_row: gl.constexpr = gl.SliceLayout(1, acc)       # a channel of [KB, BT]; a row of [2·BT, BT]
+    per_col: gl.constexpr = gl.SliceLayout(0, acc)       # a token
+    L_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (KB // 8), KB // 8], [4, 1], [1, 0])  # 16-byte rows
+    sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    # The chunk's g, k, q rows land in in_g, in_k, in_q, which later hold Qg, k̂⊙e^{r−G} and Kt.
+    in_g = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
+    in_k = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
+    in_q = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
+    pq_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, 2 * BT, KB], sw_k)  # [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
+    ap_s = gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t)           # A'ᵀ
+
+    # Inputs by cp.async in 16-byte pieces, padding rows zero-filled.
+    r_in = gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS))
+    c_in = gl.arange(0, KB, layout=gl.SliceLayout(0, L_ROWS))
+    tok_in = t0 + r_in
+    m_in = (tok_in < eos)[:, None]
+    for h in gl.static_range(NKB):
+        _cp_async(in_g.index(h), g + (tok_in * HV + i_hv)[:, None] * K + (h * KB + c_in)[None, :], mask=m_in)
+        _cp_async(in_k.index(h), k + (tok_in * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m_in)
+        _cp_async(in_q.index(h), q + (tok_in * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m_in)
+    async_copy.commit_group()
+
+    # The small inputs, loaded now (their latency hides behind the tiles'; loaded where first needed they
+    # showed as 7% of the stall samples): the gate's constants, β by row of [L; Aqk] and by column of T.
+    o_t = gl.arange(0, BT, layout=per_col)
+    m_t = (t0 + o_t) < eos
+    o_r = gl.arange(0, 2 * BT, layout=per_row)
+    o_i = o_r % BT
+    is_l = o_r < BT
+    m_i = is_l & ((t0 + o_i) < eos)
+    beta_i = gl.load(beta + (t0 + o_i) * HV + i_hv, mask=m_i, other=0.0).to(gl.float32)
+    beta_j = gl.load(beta + (t0 + o_t) * HV + i_hv, mask=m_t, other=0.0).to(gl.float32)
+    c_g = -LOG2E
+    d_g0 = 0.0
+    d_g1 = 0.0
+    if USE_GATE:
+        if HAS_A_LOG:
+            c_g = c_g * gl.exp(gl.load(A_log + i_hv))
+        if HAS_DT_BIAS:
+            o_kb = gl.arange(0, KB, layout=per_row)
+            d_g0 = gl.load(dt_bias + i_hv * K + o_kb) * c_g
+            if NKB == 2:
+                d_g1 = gl.load(dt_bias + i_hv * K + KB + o_kb) * c_g
+    if USE_BETA_SIGMOID:
+        beta_i = _rcp(1.0 + _ex2(beta_i * -LOG2E))
+        beta_j = _rcp(1.0 + _ex2(beta_j * -LOG2E))
+    beta_i = gl.where(m_i, beta_i, 0.0)
+    beta_j = gl.where(m_t, beta_j, 0.0)
+
+    # A'ᵀ[j, i] = [j ≤ i] − 1/2 (exact in bf16), the right operand of (G − r)ᵀ.
+    L_AP: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])
+    jj = gl.arange(0, BT, layout=gl.SliceLayout(1, L_AP))
+    ii = gl.arange(0, BT, layout=gl.SliceLayout(0, L_AP))
+    ap_s.store(gl.where(jj[:, None] <= ii[None, :], 0.5, -0.5).to(gl.bfloat16))
+    async_copy.wait_group(0)
+    fence_async_shared()
+    _cta_barrier()                                   # the inputs and A'ᵀ are in shared memory
+
+    inv_nk = 1.0
+    inv_nq = 1.0
+    if USE_L2NORM:
+        sq_k = _row_sq_sums(in_k.index(0), L_ROWS)
+        sq_q = _row_sq_sums(in_q.index(0), L_ROWS)
+        if NKB == 2:
+            sq_k += _row_sq_sums(in_k.index(1), L_ROWS)
+            sq_q += _row_sq_sums(in_q.index(1), L_ROWS)
+        inv_nk = gl.convert_layout(gl.rsqrt(sq_k + 1e-6), per_col)
+        inv_nq = gl.convert_layout(gl.rsqrt(sq_q + 1e-6), per_col)
+    e_r0 = _channel_block(0, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g0, m_t, o_t, gl_ptr, i_c, i_hv,
+                          HV, scale, lower_bound, K, KB, BT, USE_L2NORM, USE_GATE, HAS_DT_BIAS, acc, a_op)
+    e_r1 = e_r0
+    if NKB == 2:
+        e_r1 = _channel_block(1, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g1, m_t, o_t, gl_ptr, i_c,
+                              i_hv, HV, scale, lower_bound, K, KB, BT, USE_L2NORM, USE_GATE, HAS_DT_BIAS, acc, a_op)
     fence_async_shared()
     _cta_barrier()
 
     # [L; Aqk] before masking, while Qg and Kt go out.
-    b_la = warpgroup_mma(pq_s, kn_s.permute((1, 0)), gl.zeros([2 * BT, BT], gl.float32, layout=acc),
-                         is_async=True)
-    _store_rows(a1 + blk * (2 * BT * K) + BT * K, qg_s, BT, K, L_ROWS)
-    _store_rows(kt + blk * (BT * K), kt_s, BT, K, L_ROWS)
+    b_la = warpgroup_mma(pq_s.index(0), in_k.index(0).permute((1, 0)),
+                         gl.zeros([2 * BT, BT], gl.float32, layout=acc), is_async=True)
+    if NKB == 2:
+        b_la = warpgroup_mma(pq_s.index(1), in_k.index(1).permute((1, 0)), b_la, is_async=True)
+    for h in gl.static_range(NKB):
+        _store_rows(a1 + blk * (2 * BT * K) + BT * K + h * KB, K, in_g.index(h), BT, KB, L_ROWS)
+        _store_rows(kt + blk * (BT * K) + h * KB, K, in_q.index(h), BT, KB, L_ROWS)
     b_la = warpgroup_mma_wait(0, deps=[b_la])
 
     o_j = o_t
@@ -228,7 +269,14 @@ def _chunk_prepare_gluon_kernel(
     gl.store(aqk + blk * (BT * BT) + o_i[:, None] * BT + o_j[None, :], b_aqk.to(gl.bfloat16),
              mask=(~is_l)[:, None] & (o_j < BT)[None, :])
 
-    # T = (I + L)^-1 by block doubling (chunk_prepare.py), rows BT.. of the tile zero throughout.
+    # T = (I + L)^-1 by block doubling (chunk_prepare.py), rows BT.. of the tile zero throughout. The
+    # doubling's tiles are allocated here, after the last use of the input tiles, whose space they reuse.
+    lh_s = gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t)    # L, later T·diag(β): high half
+    ll_s = gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t)    # ... low half
+    th_s = (gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t),  # T_b, two buffers by level parity
+            gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t))
+    tl_s = (gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t),
+            gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t))
     l_hi, l_lo = _split_bf16(b_l)
     lh_s.store(l_hi)
     ll_s.store(l_lo)
@@ -265,11 +313,10 @@ def _chunk_prepare_gluon_kernel(
     ll_s.store(tb_lo)
     fence_async_shared()
     _cta_barrier()
-    kpos_t = pq_s.slice(0, BT).permute((1, 0))
-    b_w = warpgroup_mma(kpos_t, lh_s.slice(0, BT).permute((1, 0)), gl.zeros([K, BT], gl.float32, layout=acc),
-                        is_async=True)
-    b_w = warpgroup_mma(kpos_t, ll_s.slice(0, BT).permute((1, 0)), b_w, is_async=True)
-    b_w = warpgroup_mma_wait(0, deps=[b_w])
-    qg_s.store(gl.permute((b_w * gl.expand_dims(-e_r, 1)).to(gl.bfloat16), (1, 0)))      # −W (Qg went out)
+    w_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)      # −W (staging for the store)
+    _w_block(0, e_r0, pq_s, lh_s, ll_s, w_s, BT, KB, acc)
+    if NKB == 2:
+        _w_block(1, e_r1, pq_s, lh_s, ll_s, w_s, BT, KB, acc)
     _cta_barrier()
-    _store_rows(a1 + blk * (2 * BT * K), qg_s, BT, K, L_ROWS)
+    for h in gl.static_range(NKB):
+        _store_rows(a1 + blk * (2 * BT * K) + h * KB, K, w_s.index(h), BT, KB, L_ROWS)
