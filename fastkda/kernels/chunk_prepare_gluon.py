@@ -7,9 +7,12 @@ transposed, [K channels × BT tokens], in the register layout of a wgmma accumul
     (G − r)ᵀ = aᵀ · A'ᵀ,  A'[i, j] = [j ≤ i] − 1/2      a in three exact bf16 pieces: no scan; r = G_last / 2
     [L; Aqk]  = [k̂⊙e^{G−r}; q̂⊙e^{G−r}] · (k̂⊙e^{r−G})ᵀ     one product, M = 2·BT (both from shared memory)
     T_2b      = T_b − mask_b ⊙ (T_b·L) · T_b              block doubling; T and L in bf16 high + low halves
-    Wᵀ        = (k̂⊙e^{G−r})ᵀ · (T·diag(β))ᵀ                M = K; high and low halves of T·diag(β)
+    Wᵀ        = (k̂⊙e^{G−r})ᵀ · (T·diag(β))ᵀ                per block of 64 channels; high and low halves
 
-with the masks, scales and per-channel factors of chunk_prepare.py applied to the accumulators. A bf16 tile
+with the masks, scales and per-channel factors of chunk_prepare.py applied to the accumulators. The channels
+go in blocks of 64, one block's element-wise work after the other ([64 × BT] tiles, M = 64), so that few
+tiles are live at once: 96 registers per thread and 42 KB of shared memory (the doubling's tiles reuse two
+input tiles), five programs per SM (docs/perf-notes.md, session 7). A bf16 tile
 converted from an accumulator with N = BT columns is already a left operand with BT columns (no data
 movement), which is what the layout buys: aᵀ's pieces and the halves of T feed the next product straight from
 registers. The doubling's products run as three bf16 products (high·high + high·low + low·high: ~16
@@ -30,6 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .chunk_recurrence_gluon import _cp_async, _cta_barrier
 
 LOG2E = gl.constexpr(1.4426950408889634)
+# Shared-memory views of another layout: `_reinterpret` up to Triton 3.6 (the device's), `reinterpret` later.
+_REINTERPRET_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 @gluon.jit
@@ -179,12 +184,31 @@ def _chunk_prepare_gluon_kernel(
     L_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (KB // 8), KB // 8], [4, 1], [1, 0])  # 16-byte rows
     sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
-    # The chunk's g, k, q rows land in in_g, in_k, in_q, which later hold Qg, k̂⊙e^{r−G} and Kt.
+    # The chunk's g, k, q rows land in in_g, in_k, in_q, which later hold Qg, k̂⊙e^{r−G} and Kt, then −W
+    # (in_q). Every buffer is allocated here, for the whole program, and reused by hand: with K = 128 the
+    # doubling's tiles are views of in_g (L, later T·diag(β): high and low halves) and in_q (T_b's halves),
+    # 42 KB in all (five programs per SM). Only buffers that no product reads are reused: letting the
+    # compiler reuse the space of a product's operand for another operand (same address, two descriptors)
+    # gave wrong products on the device (docs/perf-notes.md, session 7).
     in_g = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
     in_k = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
     in_q = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
     pq_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, 2 * BT, KB], sw_k)  # [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
     ap_s = gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t)           # A'ᵀ
+    if NKB == 2:
+        if _REINTERPRET_PUBLIC:
+            l_s = in_g.reinterpret(gl.bfloat16, [2, 2 * BT, BT], sw_t)
+            t_s = in_q.reinterpret(gl.bfloat16, [2, 2 * BT, BT], sw_t)
+        else:
+            l_s = in_g._reinterpret(gl.bfloat16, [2, 2 * BT, BT], sw_t)
+            t_s = in_q._reinterpret(gl.bfloat16, [2, 2 * BT, BT], sw_t)
+    else:
+        l_s = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)
+        t_s = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)
+    lh_s = l_s.index(0)          # [2·BT, BT] tiles (rows BT.. zero); the products read rows 0..BT−1
+    ll_s = l_s.index(1)
+    th_s = t_s.index(0)
+    tl_s = t_s.index(1)
 
     # Inputs by cp.async in 16-byte pieces, padding rows zero-filled.
     r_in = gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS))
@@ -270,13 +294,8 @@ def _chunk_prepare_gluon_kernel(
              mask=(~is_l)[:, None] & (o_j < BT)[None, :])
 
     # T = (I + L)^-1 by block doubling (chunk_prepare.py), rows BT.. of the tile zero throughout. The
-    # doubling's tiles are allocated here, after the last use of the input tiles, whose space they reuse.
-    lh_s = gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t)    # L, later T·diag(β): high half
-    ll_s = gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t)    # ... low half
-    th_s = (gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t),  # T_b, two buffers by level parity
-            gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t))
-    tl_s = (gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t),
-            gl.allocate_shared_memory(gl.bfloat16, [2 * BT, BT], sw_t))
+    # doubling's tiles share in_g and in_q: every thread must have copied Qg and Kt out first.
+    _cta_barrier()
     l_hi, l_lo = _split_bf16(b_l)
     lh_s.store(l_hi)
     ll_s.store(l_lo)
@@ -291,16 +310,18 @@ def _chunk_prepare_gluon_kernel(
                              is_async=True)
         b_tl = warpgroup_mma(t_hi_op, ll_s.slice(0, BT), b_tl, is_async=True)
         b_tl = warpgroup_mma(gl.convert_layout(t_lo, a_op), lh_s.slice(0, BT), b_tl, is_async=True)
-        th_s[lvl % 2].store(t_hi)
-        tl_s[lvl % 2].store(t_lo)
+        if lvl > 1:
+            _cta_barrier()                           # the last level's products of T_b are done everywhere
+        th_s.store(t_hi)
+        tl_s.store(t_lo)
         b_tl = warpgroup_mma_wait(0, deps=[b_tl])
         x_hi, x_lo = _split_bf16(gl.where(((o_i[:, None] ^ o_j[None, :]) >> lvl) == 1, -b_tl, 0.0))
         fence_async_shared()
         _cta_barrier()                               # T_b's halves are in shared memory
         x_hi_op = gl.convert_layout(x_hi, a_op)
-        b_t = warpgroup_mma(x_hi_op, th_s[lvl % 2].slice(0, BT), b_t, is_async=True)
-        b_t = warpgroup_mma(x_hi_op, tl_s[lvl % 2].slice(0, BT), b_t, is_async=True)
-        b_t = warpgroup_mma(gl.convert_layout(x_lo, a_op), th_s[lvl % 2].slice(0, BT), b_t, is_async=True)
+        b_t = warpgroup_mma(x_hi_op, th_s.slice(0, BT), b_t, is_async=True)
+        b_t = warpgroup_mma(x_hi_op, tl_s.slice(0, BT), b_t, is_async=True)
+        b_t = warpgroup_mma(gl.convert_layout(x_lo, a_op), th_s.slice(0, BT), b_t, is_async=True)
         b_t = warpgroup_mma_wait(0, deps=[b_t])
 
     # T·diag(β): tb = its transpose, high half then low half; Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ.
@@ -313,10 +334,9 @@ def _chunk_prepare_gluon_kernel(
     ll_s.store(tb_lo)
     fence_async_shared()
     _cta_barrier()
-    w_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)      # −W (staging for the store)
-    _w_block(0, e_r0, pq_s, lh_s, ll_s, w_s, BT, KB, acc)
+    _w_block(0, e_r0, pq_s, lh_s, ll_s, in_q, BT, KB, acc)      # −W staged in in_q (T_b's tiles are free)
     if NKB == 2:
-        _w_block(1, e_r1, pq_s, lh_s, ll_s, w_s, BT, KB, acc)
+        _w_block(1, e_r1, pq_s, lh_s, ll_s, in_q, BT, KB, acc)
     _cta_barrier()
     for h in gl.static_range(NKB):
-        _store_rows(a1 + blk * (2 * BT * K) + h * KB, K, w_s.index(h), BT, KB, L_ROWS)
+        _store_rows(a1 + blk * (2 * BT * K) + h * KB, K, in_q.index(h), BT, KB, L_ROWS)
