@@ -435,3 +435,15 @@ def test_message_says_what_was_expected():
     with pytest.raises(ValueError) as info:
         fastkda.fwd(**dict(a, initial_state=a["initial_state"][:, :1].contiguous()))
     assert "(1, 2, 64, 64)" in str(info.value)
+
+
+def test_span_of_contiguous_and_strided_tensors():
+    """The contiguous shortcut of checks._span gives the same byte range as the per-dimension extent."""
+    from fastkda.checks import _span
+    x = torch.zeros(3, 4, 5, dtype=torch.bfloat16)
+    assert _span(x) == (x.data_ptr(), x.data_ptr() + 60 * 2)
+    t = x.transpose(0, 2)                              # not contiguous: the extent formula
+    assert not t.is_contiguous() and _span(t) == _span(x)
+    s = x[:, 1:3, ::2]                                 # strided view: from its first to its last element
+    last = s[-1, -1, -1].data_ptr()
+    assert _span(s) == (s.data_ptr(), last + 2)

@@ -155,6 +155,13 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
     return st
 
 
+@functools.lru_cache(maxsize=None)
+def _is_hopper(device: torch.device) -> bool:
+    """sm_90 (H100, H200): what the Gluon kernels are written for. Cached: torch's query costs microseconds
+    on every call, and calls are host-bound below ~0.4 ms (docs/perf-notes.md, session 7)."""
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
 def _aligned16(*tensors) -> bool:
     """cp.async copies 16-byte pieces: the Gluon kernels need 16-byte aligned input rows (a view with an odd
     storage offset is not)."""
@@ -167,14 +174,14 @@ def gluon_stage1_applies(q, k, g) -> bool:
     the Triton stage 1 runs."""
     return (STAGE1_GLUON and not _interpreting() and q.is_cuda and q.dtype == torch.bfloat16
             and q.shape[-1] in (64, 128) and CHUNK_SIZE == 32 and _aligned16(q, k, g)
-            and torch.cuda.get_device_capability(q.device)[0] == 9)
+            and _is_hopper(q.device))
 
 
 def gluon_stage2_applies(st: Stage1, v) -> bool:
     """The Gluon stage 2 covers bf16 stage tensors and values on Hopper (sm_90); elsewhere, and under the CPU
     interpreter (which cannot run Gluon), the Triton stage 2 runs."""
     return (STAGE2_GLUON and not _interpreting() and v.is_cuda and st.a1.dtype == torch.bfloat16
-            and v.dtype == torch.bfloat16 and _aligned16(v) and torch.cuda.get_device_capability(v.device)[0] == 9)
+            and v.dtype == torch.bfloat16 and _aligned16(v) and _is_hopper(v.device))
 
 
 @functools.lru_cache(maxsize=None)
