@@ -13,7 +13,8 @@
                                                       writes out, state
 
 Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
-columns in stage 2, 4 warps, stage 1 capped at 168 registers (three programs per SM), three pipeline stages
+columns in stage 2, 4 warps, the Triton stage 1 capped at 168 registers (three programs per SM), the Gluon
+stage 1 at 96 (five programs per SM, with its 43 KB of shared memory), three pipeline stages
 for stage 2's loads (one for fp32 stage tensors, whose tiles would not fit shared memory three deep; the
 Gluon stage 2 keeps its own three-slot ring). Why these values: docs/perf-notes.md (measured on an H200).
 Arguments are assumed checked (fastkda.checks); this module only allocates the stage-1 tensors and launches.
