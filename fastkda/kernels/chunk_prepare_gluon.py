@@ -11,8 +11,8 @@ transposed, [K channels × BT tokens], in the register layout of a wgmma accumul
 
 with the masks, scales and per-channel factors of chunk_prepare.py applied to the accumulators. The channels
 go in blocks of 64, one block's element-wise work after the other ([64 × BT] tiles, M = 64), so that few
-tiles are live at once: 96 registers per thread and 42 KB of shared memory (the doubling's tiles reuse two
-input tiles), five programs per SM (docs/perf-notes.md, session 7). A bf16 tile
+tiles are live at once: 96 registers per thread and 42 KB of shared memory (with K = 128 the doubling's
+tiles reuse two input tiles), five programs per SM (docs/perf-notes.md, session 7). A bf16 tile
 converted from an accumulator with N = BT columns is already a left operand with BT columns (no data
 movement), which is what the layout buys: aᵀ's pieces and the halves of T feed the next product straight from
 registers. The doubling's products run as three bf16 products (high·high + high·low + low·high: ~16
@@ -138,12 +138,13 @@ def _channel_block(h, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, m_
 
 
 @gluon.jit
-def _w_block(h, e_r, pq_s, th_s, tl_s, w_s, BT: gl.constexpr, KB: gl.constexpr, acc: gl.constexpr):
-    """−W of channels h·KB .. (h + 1)·KB − 1 into w_s[h]: Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ · e^r."""
+def _w_block(h, e_r, pq_s, tbh_s, tbl_s, w_s, BT: gl.constexpr, KB: gl.constexpr, acc: gl.constexpr):
+    """−W of channels h·KB .. (h + 1)·KB − 1 into w_s[h]: Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ · e^r, with the high
+    and low halves of T·diag(β) in tbh_s and tbl_s."""
     kpos_t = pq_s.index(h).slice(0, BT).permute((1, 0))
-    b_w = warpgroup_mma(kpos_t, th_s.slice(0, BT).permute((1, 0)), gl.zeros([KB, BT], gl.float32, layout=acc),
+    b_w = warpgroup_mma(kpos_t, tbh_s.slice(0, BT).permute((1, 0)), gl.zeros([KB, BT], gl.float32, layout=acc),
                         is_async=True)
-    b_w = warpgroup_mma(kpos_t, tl_s.slice(0, BT).permute((1, 0)), b_w, is_async=True)
+    b_w = warpgroup_mma(kpos_t, tbl_s.slice(0, BT).permute((1, 0)), b_w, is_async=True)
     b_w = warpgroup_mma_wait(0, deps=[b_w])
     w_s.index(h).store(gl.permute((b_w * gl.expand_dims(-e_r, 1)).to(gl.bfloat16), (1, 0)))
 
