@@ -249,7 +249,7 @@ def _chunk_prepare_kernel(
                         tl.dot(b_T, b_L, input_precision=DOT_PRECISION), 0.0)
         b_T = tl.dot(-b_TC, b_T, b_T, input_precision=DOT_PRECISION)
 
-    # −W to the even rows of a1: W = (T·diag(β))·(k̂ ⊙ e^{G−r})·diag(e^r). With bf16 stage tensors, T·diag(β) is
+    # −W to the first half of a1: W = (T·diag(β))·(k̂ ⊙ e^{G−r})·diag(e^r). With bf16 stage tensors, T·diag(β) is
     # split into bf16 high and low halves (~16 bits; tf32 keeps 11) against the bf16 right operand k̂ ⊙ e^{G−r}
     # as rounded for L: two bf16 products are as many MMA instructions as one tf32 product, and no fp32 right
     # operand goes through shared memory (those took 8-way bank conflicts: docs/perf-notes.md v13).
