@@ -161,12 +161,17 @@ def launcher_configurations(D: int = 64):
     for varlen in (True, False):
         yield (f"stage 1 (Gluon), bf16, {'packed' if varlen else 'fixed-length'}", _chunk_prepare_gluon_kernel,
                _gluon_stage1_constexprs(D, varlen), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource, None)
+    # Without the gate, the key norm or the β sigmoid, the Gluon stage 1 takes its bf16 paths (G − r in
+    # three bf16 pieces, the doubling in bf16 halves): another kernel body.
+    yield ("stage 1 (Gluon), bf16, g the log-decay, beta as given", _chunk_prepare_gluon_kernel,
+           _gluon_stage1_constexprs(D, True, flags=False), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource,
+           None)
 
 
-def _gluon_stage1_constexprs(D: int, varlen: bool) -> dict:
+def _gluon_stage1_constexprs(D: int, varlen: bool, flags: bool = True) -> dict:
     BT = kernels.CHUNK_SIZE
-    return dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=True, USE_GATE=True,
-                USE_BETA_SIGMOID=True, HAS_A_LOG=True, HAS_DT_BIAS=True)
+    return dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=True, USE_GATE=flags,
+                USE_BETA_SIGMOID=flags, HAS_A_LOG=flags, HAS_DT_BIAS=flags)
 
 
 def check_all(D: int) -> int:

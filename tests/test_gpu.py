@@ -99,18 +99,22 @@ def test_unaligned_inputs_run_on_the_triton_kernels():
     (128, [5, 70, 0, 33, 1, 96], 2, 2, (True, True, True)),
     (64, [40, 0, 77], 2, 4, (True, True, True)),          # K = 64, GVA
     (128, [64, 31], 1, 1, (True, False, False)),          # g as the log-decay itself, β as given
+    (128, [50, 13], 1, 2, (False, True, True)),           # keys as given: T in bf16 halves, not fp16
 ])
 def test_gluon_stage1_matches_the_triton_stage1(D, lens, H, HV, flags):
     # The Hopper stage 1 (Gluon) and the portable one (Triton) compute the same tensors with different
-    # rounding inside: T by bf16 high/low products (~16 bits) vs tf32 (~11 bits), G − r by one exact-piece
-    # product vs a scan. Measured on the H200: ~5e-4 relative (a1, aqk; bf16 rounding flips of the outputs
-    # and tf32's error in W), ~4e-5 (kt), ~1e-5 (tb, gl). A wrong mask, factor or row is O(1).
+    # rounding inside: T by fp16 products (normalised keys, gate and β sigmoid: |T| ≤ 1) or bf16 high/low
+    # products (~16 bits) vs tf32 (~11 bits), G − r by products of fp16 or bf16 pieces vs a scan. Measured
+    # on the H200 (bf16 T): ~5e-4 relative (a1, aqk; bf16 rounding flips of the outputs and tf32's error in
+    # W), ~4e-5 (kt), ~1e-5 (tb, gl). A wrong mask, factor or row is O(1).
     from fastkda import kernels
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon stage 1 runs on Hopper")
     gen = torch.Generator().manual_seed(D + len(lens))
     T = sum(lens)
     q, k = (torch.randn(1, T, H, D, generator=gen).to(torch.bfloat16).cuda() for _ in range(2))
+    if not flags[0]:
+        q, k = (x.mul(D ** -0.5).to(torch.bfloat16) for x in (q, k))     # unit-size keys, not normalised
     v = torch.randn(1, T, HV, D, generator=gen).to(torch.bfloat16).cuda()
     g = torch.randn(1, T, HV, D, generator=gen).to(torch.bfloat16).cuda()
     if not flags[1]:

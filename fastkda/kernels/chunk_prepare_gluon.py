@@ -4,24 +4,29 @@ channel-major so that every product runs on the warpgroup tensor cores (wgmma).
 One program (one warpgroup) per (chunk of BT tokens, value head). The element-wise work holds tiles
 transposed, [K channels × BT tokens], in the register layout of a wgmma accumulator with N = BT, so that:
 
-    (G − r)ᵀ = aᵀ · A'ᵀ,  A'[i, j] = [j ≤ i] − 1/2      a in three exact bf16 pieces: no scan; r = G_last / 2
+    (G − r)ᵀ = aᵀ · A'ᵀ,  A'[i, j] = [j ≤ i] − 1/2      a in fp16 or bf16 pieces: no scan; r = G_last / 2
     [L; Aqk]  = [k̂⊙e^{G−r}; q̂⊙e^{G−r}] · (k̂⊙e^{r−G})ᵀ     one product, M = 2·BT (both from shared memory)
-    T_2b      = T_b − mask_b ⊙ (T_b·L) · T_b              block doubling; T and L in bf16 high + low halves
+    T_2b      = T_b + mask_b ⊙ (T_b·(−L)) · T_b           block doubling; fp16, or bf16 high + low halves
     Wᵀ        = (k̂⊙e^{G−r})ᵀ · (T·diag(β))ᵀ                per block of 64 channels; high and low halves
 
 with the masks, scales and per-channel factors of chunk_prepare.py applied to the accumulators. The channels
 go in blocks of 64, one block's element-wise work after the other ([64 × BT] tiles, M = 64), so that few
 tiles are live at once: 96 registers per thread and 42 KB of shared memory (with K = 128 the doubling's
-tiles reuse two input tiles), five programs per SM (docs/perf-notes.md, session 7). A bf16 tile
+tiles reuse two input tiles), five programs per SM (docs/perf-notes.md, session 7). A 16-bit tile
 converted from an accumulator with N = BT columns is already a left operand with BT columns (no data
-movement), which is what the layout buys: aᵀ's pieces and the halves of T feed the next product straight from
-registers. The doubling's products run as three bf16 products (high·high + high·low + low·high: ~16
-significant bits, more than the Triton kernel's tf32). Per-channel vectors cost 4 registers per thread and
-per-token vectors 8. The input rows arrive by cp.async and are read transposed with ldmatrix; the output
-tiles reach shared memory with the transposing matrix store and leave as 16-byte rows. Outputs and their
-layouts are those of chunk_prepare.py, and so are the points where values are rounded to bf16; inside, T is
-more precise and G − r comes from exact products instead of a scan (tests/test_gpu.py compares the two
-kernels: ~5e-4 relative; docs/perf-notes.md, session 6).
+movement), which is what the layout buys: aᵀ's pieces and T feed the next product straight from registers.
+
+The number formats follow what the values can be. With the gate (|a| ≤ 7.3 per step), G − r comes from two
+fp16 pieces of 2^11·a (within 2^-22 of it); otherwise from three exact bf16 pieces. With normalised keys,
+the gate and the β sigmoid (what fastkda.fwd runs), every step of the chunk's delta rule is a contraction,
+so |T[i, j]| ≤ 1 and |L[i, j]| ≤ 1, and the doubling runs in fp16 (11 significant bits, the Triton kernel's
+tf32 precision), one product per step; otherwise in bf16 high and low halves, three products per step
+(high·high + high·low + low·high, ~16 bits), whatever T's range. Per-channel vectors cost 4 registers per
+thread and per-token vectors 8. The input rows arrive by cp.async and are read transposed with ldmatrix; the
+output tiles reach shared memory with the transposing matrix store (tb read back transposed by ldmatrix) and
+leave as 16-byte rows. Outputs and their layouts are those of chunk_prepare.py, and so are the points where
+values are rounded to bf16; G − r comes from products instead of a scan (tests/test_gpu.py compares the two
+kernels: ~5e-4 relative; docs/perf-notes.md, sessions 6 and 8).
 """
 
 from triton.experimental import gluon
@@ -35,6 +40,15 @@ from .chunk_recurrence_gluon import _cp_async, _cta_barrier
 LOG2E = gl.constexpr(1.4426950408889634)
 # Shared-memory views of another layout: `_reinterpret` up to Triton 3.6 (the device's), `reinterpret` later.
 _REINTERPRET_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+
+@gluon.jit
+def _view(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    """The shared buffer's memory seen as another dtype, shape and layout (no copy)."""
+    if _REINTERPRET_PUBLIC:
+        return buf.reinterpret(dtype, shape, layout)
+    else:
+        return buf._reinterpret(dtype, shape, layout)
 
 
 @gluon.jit
@@ -96,21 +110,27 @@ def _channel_block(h, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, m_
             u = b_g * c_g + gl.expand_dims(d_g, 1)
         else:
             u = b_g * c_g
-        b_a = (lower_bound * LOG2E) * _rcp(1.0 + _ex2(u))
+        b_a = (lower_bound * (LOG2E * 2048.0)) * _rcp(1.0 + _ex2(u))           # 2^11 · a
     else:
         b_a = b_g * LOG2E
     b_a = gl.where(m_t[None, :], b_a, 0.0)
 
-    # (G − r)ᵀ on the tensor cores: aᵀ = hi + mid + lo exactly (two truncating splits leave at most 8
-    # significant bits for lo), each product exact, fp32 sums.
-    a_hi = _trunc_bf16(b_a)
-    a_mid = _trunc_bf16(b_a - a_hi)
-    a_lo = (b_a - a_hi - a_mid).to(gl.bfloat16)
-    a_hi = a_hi.to(gl.bfloat16)
-    a_mid = a_mid.to(gl.bfloat16)
-    b_d = warpgroup_mma(gl.convert_layout(a_hi, a_op), ap_s, gl.zeros([KB, BT], gl.float32, layout=acc),
-                        is_async=True)
-    b_d = warpgroup_mma(gl.convert_layout(a_mid, a_op), ap_s, b_d, is_async=True)
+    # (G − r)ᵀ on the tensor cores, each product exact, fp32 sums. The gate's 2^11·a (|a| ≤ 7.3) is two
+    # fp16 pieces, hi + lo, within 2^-22 of it (relative), against A'ᵀ·2^-11 (fp16, exact); pieces too small
+    # for fp16's normal range carry under 2^-25 of a. Otherwise a = hi + mid + lo exactly in bf16 (two
+    # truncating splits leave at most 8 significant bits for lo), whatever its size.
+    if USE_GATE:
+        a_hi = b_a.to(gl.float16)
+        a_lo = (b_a - a_hi.to(gl.float32)).to(gl.float16)
+        b_d = warpgroup_mma(gl.convert_layout(a_hi, a_op), ap_s, gl.zeros([KB, BT], gl.float32, layout=acc),
+                            is_async=True)
+    else:
+        a_hi = _trunc_bf16(b_a)
+        a_mid = _trunc_bf16(b_a - a_hi)
+        a_lo = (b_a - a_hi - a_mid).to(gl.bfloat16)
+        b_d = warpgroup_mma(gl.convert_layout(a_hi.to(gl.bfloat16), a_op), ap_s,
+                            gl.zeros([KB, BT], gl.float32, layout=acc), is_async=True)
+        b_d = warpgroup_mma(gl.convert_layout(a_mid.to(gl.bfloat16), a_op), ap_s, b_d, is_async=True)
     b_d = warpgroup_mma(gl.convert_layout(a_lo, a_op), ap_s, b_d, is_async=True)
     b_d = warpgroup_mma_wait(0, deps=[b_d])
     # r = G_last / 2 is (G − r) at the last token; every decay factor below is e^{±(G − r)} times one of these.
@@ -129,7 +149,7 @@ def _channel_block(h, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, m_
     if USE_L2NORM:
         b_k = b_k * gl.expand_dims(inv_nk, 0)
     pq_s.index(h).slice(0, BT).store(gl.permute((b_k * e_pos).to(gl.bfloat16), (1, 0)))
-    k_neg = b_k * _ex2(-b_d)
+    k_neg = b_k * _rcp(e_pos)                        # e^{r−G} (no negation to issue)
     _cta_barrier()                                   # every thread has read block h's inputs: its tiles are free
     in_g.index(h).store(gl.permute(b_qg, (1, 0)))
     in_k.index(h).store(gl.permute(k_neg.to(gl.bfloat16), (1, 0)))
@@ -195,21 +215,20 @@ def _chunk_prepare_gluon_kernel(
     in_k = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
     in_q = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
     pq_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, 2 * BT, KB], sw_k)  # [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
-    ap_s = gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t)           # A'ᵀ
+    ap_s = gl.allocate_shared_memory(gl.float16 if USE_GATE else gl.bfloat16, [BT, BT], sw_t)   # A'ᵀ
+    # The doubling's operands: fp16 where T's entries are bounded by 1 (T_FP16 below), else bf16 halves.
+    T_FP16: gl.constexpr = USE_L2NORM & USE_GATE & USE_BETA_SIGMOID
+    t_dt: gl.constexpr = gl.float16 if T_FP16 else gl.bfloat16
     if NKB == 2:
-        if _REINTERPRET_PUBLIC:
-            l_s = in_g.reinterpret(gl.bfloat16, [2, 2 * BT, BT], sw_t)
-            t_s = in_q.reinterpret(gl.bfloat16, [2, 2 * BT, BT], sw_t)
-        else:
-            l_s = in_g._reinterpret(gl.bfloat16, [2, 2 * BT, BT], sw_t)
-            t_s = in_q._reinterpret(gl.bfloat16, [2, 2 * BT, BT], sw_t)
+        l_s = _view(in_g, gl.bfloat16, [2, 2 * BT, BT], sw_t)
+        t_s = _view(in_q, t_dt, [2, 2 * BT, BT], sw_t)
     else:
         l_s = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)
-        t_s = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)
+        t_s = gl.allocate_shared_memory(t_dt, [2, 2 * BT, BT], sw_t)
     lh_s = l_s.index(0)          # [2·BT, BT] tiles (rows BT.. zero); the products read rows 0..BT−1
     ll_s = l_s.index(1)
     th_s = t_s.index(0)
-    tl_s = t_s.index(1)
+    tl_s = t_s.index(1)          # with T_FP16: L in fp16
 
     # Inputs by cp.async in 16-byte pieces, padding rows zero-filled.
     r_in = gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS))
@@ -249,11 +268,14 @@ def _chunk_prepare_gluon_kernel(
     beta_i = gl.where(m_i, beta_i, 0.0)
     beta_j = gl.where(m_t, beta_j, 0.0)
 
-    # A'ᵀ[j, i] = [j ≤ i] − 1/2 (exact in bf16), the right operand of (G − r)ᵀ.
+    # A'ᵀ[j, i] = [j ≤ i] − 1/2, the right operand of (G − r)ᵀ (scaled by 2^-11 for the gate's 2^11·a).
     L_AP: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])
     jj = gl.arange(0, BT, layout=gl.SliceLayout(1, L_AP))
     ii = gl.arange(0, BT, layout=gl.SliceLayout(0, L_AP))
-    ap_s.store(gl.where(jj[:, None] <= ii[None, :], 0.5, -0.5).to(gl.bfloat16))
+    if USE_GATE:
+        ap_s.store(gl.where(jj[:, None] <= ii[None, :], 0.5 / 2048.0, -0.5 / 2048.0).to(gl.float16))
+    else:
+        ap_s.store(gl.where(jj[:, None] <= ii[None, :], 0.5, -0.5).to(gl.bfloat16))
     async_copy.wait_group(0)
     fence_async_shared()
     _cta_barrier()                                   # the inputs and A'ᵀ are in shared memory
@@ -289,52 +311,76 @@ def _chunk_prepare_gluon_kernel(
 
     o_j = o_t
     lower = o_j[None, :] < o_i[:, None]
-    b_l = gl.where(is_l[:, None] & lower, b_la * gl.expand_dims(beta_i, 1), 0.0)
+    b_nl = gl.where(is_l[:, None] & lower, b_la * gl.expand_dims(-beta_i, 1), 0.0)        # −L
     b_aqk = gl.where((~is_l)[:, None] & (lower | (o_j[None, :] == o_i[:, None])), b_la * scale, 0.0)
-    gl.store(aqk + blk * (BT * BT) + o_i[:, None] * BT + o_j[None, :], b_aqk.to(gl.bfloat16),
-             mask=(~is_l)[:, None] & (o_j < BT)[None, :])
 
     # T = (I + L)^-1 by block doubling (chunk_prepare.py), rows BT.. of the tile zero throughout. The
-    # doubling's tiles share in_g and in_q: every thread must have copied Qg and Kt out first.
+    # doubling's tiles share in_g and in_q: every thread must have copied Qg and Kt out first. Aqk (rows
+    # BT.. of its tile) goes out through the q half of pq_s's first block, which no product reads again.
     _cta_barrier()
-    l_hi, l_lo = _split_bf16(b_l)
-    lh_s.store(l_hi)
-    ll_s.store(l_lo)
+    aq_s = _view(pq_s, gl.bfloat16, [2 * NKB, 2 * BT, BT], sw_t).index(1)
+    aq_s.store(b_aqk.to(gl.bfloat16))
     diag = is_l[:, None] & (o_j[None, :] == o_i[:, None])
-    b_t = gl.where(diag, 1.0, 0.0) - gl.where((o_i[:, None] // 2) == (o_j[None, :] // 2), b_l, 0.0)
+    b_t = gl.where(diag, 1.0, 0.0) + gl.where((o_i[:, None] // 2) == (o_j[None, :] // 2), b_nl, 0.0)
+    # Normalised keys, β in [0, 1] and decays ≤ 1 make every step of the chunk's delta rule a contraction,
+    # so |T[i, j]| ≤ 1 and |L[i, j]| ≤ 1: then fp16 holds L, T_b and the doubling's X = T_b·L (|X| ≤ 16)
+    # with 11 significant bits, the precision of the Triton kernel's tf32 products, in one product per step
+    # where bf16 needs three (high·high + high·low + low·high) and the splits.
+    if T_FP16:
+        tl_s.store(b_nl.to(gl.float16))
+    else:
+        l_hi, l_lo = _split_bf16(b_nl)
+        lh_s.store(l_hi)
+        ll_s.store(l_lo)
     fence_async_shared()
     _cta_barrier()
-    for lvl in gl.static_range(1, LOG2_BT):
-        t_hi, t_lo = _split_bf16(b_t)
-        t_hi_op = gl.convert_layout(t_hi, a_op)
-        b_tl = warpgroup_mma(t_hi_op, lh_s.slice(0, BT), gl.zeros([2 * BT, BT], gl.float32, layout=acc),
-                             is_async=True)
-        b_tl = warpgroup_mma(t_hi_op, ll_s.slice(0, BT), b_tl, is_async=True)
-        b_tl = warpgroup_mma(gl.convert_layout(t_lo, a_op), lh_s.slice(0, BT), b_tl, is_async=True)
-        if lvl > 1:
-            _cta_barrier()                           # the last level's products of T_b are done everywhere
-        th_s.store(t_hi)
-        tl_s.store(t_lo)
-        b_tl = warpgroup_mma_wait(0, deps=[b_tl])
-        x_hi, x_lo = _split_bf16(gl.where(((o_i[:, None] ^ o_j[None, :]) >> lvl) == 1, -b_tl, 0.0))
-        fence_async_shared()
-        _cta_barrier()                               # T_b's halves are in shared memory
-        x_hi_op = gl.convert_layout(x_hi, a_op)
-        b_t = warpgroup_mma(x_hi_op, th_s.slice(0, BT), b_t, is_async=True)
-        b_t = warpgroup_mma(x_hi_op, tl_s.slice(0, BT), b_t, is_async=True)
-        b_t = warpgroup_mma(gl.convert_layout(x_lo, a_op), th_s.slice(0, BT), b_t, is_async=True)
-        b_t = warpgroup_mma_wait(0, deps=[b_t])
+    L_TB: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])
+    _store_rows(aqk + blk * (BT * BT), BT, aq_s.slice(BT, BT), BT, BT, L_TB)
+    if T_FP16:
+        for lvl in gl.static_range(1, LOG2_BT):
+            t_16 = b_t.to(gl.float16)
+            b_tl = warpgroup_mma(gl.convert_layout(t_16, a_op), tl_s.slice(0, BT),
+                                 gl.zeros([2 * BT, BT], gl.float32, layout=acc), is_async=True)
+            if lvl > 1:
+                _cta_barrier()                       # the last level's product of T_b is done everywhere
+            th_s.store(t_16)
+            b_tl = warpgroup_mma_wait(0, deps=[b_tl])
+            x_16 = gl.where(((o_i[:, None] ^ o_j[None, :]) >> lvl) == 1, b_tl, 0.0).to(gl.float16)
+            fence_async_shared()
+            _cta_barrier()                           # T_b is in shared memory
+            b_t = warpgroup_mma(gl.convert_layout(x_16, a_op), th_s.slice(0, BT), b_t, is_async=True)
+            b_t = warpgroup_mma_wait(0, deps=[b_t])
+    else:
+        for lvl in gl.static_range(1, LOG2_BT):
+            t_hi, t_lo = _split_bf16(b_t)
+            t_hi_op = gl.convert_layout(t_hi, a_op)
+            b_tl = warpgroup_mma(t_hi_op, lh_s.slice(0, BT), gl.zeros([2 * BT, BT], gl.float32, layout=acc),
+                                 is_async=True)
+            b_tl = warpgroup_mma(t_hi_op, ll_s.slice(0, BT), b_tl, is_async=True)
+            b_tl = warpgroup_mma(gl.convert_layout(t_lo, a_op), lh_s.slice(0, BT), b_tl, is_async=True)
+            if lvl > 1:
+                _cta_barrier()                       # the last level's products of T_b are done everywhere
+            th_s.store(t_hi)
+            tl_s.store(t_lo)
+            b_tl = warpgroup_mma_wait(0, deps=[b_tl])
+            x_hi, x_lo = _split_bf16(gl.where(((o_i[:, None] ^ o_j[None, :]) >> lvl) == 1, b_tl, 0.0))
+            fence_async_shared()
+            _cta_barrier()                           # T_b's halves are in shared memory
+            x_hi_op = gl.convert_layout(x_hi, a_op)
+            b_t = warpgroup_mma(x_hi_op, th_s.slice(0, BT), b_t, is_async=True)
+            b_t = warpgroup_mma(x_hi_op, tl_s.slice(0, BT), b_t, is_async=True)
+            b_t = warpgroup_mma(gl.convert_layout(x_lo, a_op), th_s.slice(0, BT), b_t, is_async=True)
+            b_t = warpgroup_mma_wait(0, deps=[b_t])
 
     # T·diag(β): tb = its transpose, high half then low half; Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ.
     tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(beta_j, 0))
-    p_tb = tb + blk * (2 * BT * BT) + o_j[None, :] * BT + o_i[:, None]                  # [i, j] -> tb[j, i]
-    m_tb = is_l[:, None] & (o_j < BT)[None, :]
-    gl.store(p_tb, tb_hi, mask=m_tb)
-    gl.store(p_tb + BT * BT, tb_lo, mask=m_tb)
     lh_s.store(tb_hi)                                # L's buffers are free: the doubling waited for its products
     ll_s.store(tb_lo)
     fence_async_shared()
     _cta_barrier()
+    # tb[j, i] = (T·diag(β))[i, j]: the tiles read back transposed (ldmatrix), out as 16-byte rows.
+    _store_rows(tb + blk * (2 * BT * BT), BT, lh_s.slice(0, BT).permute((1, 0)), BT, BT, L_TB)
+    _store_rows(tb + blk * (2 * BT * BT) + BT * BT, BT, ll_s.slice(0, BT).permute((1, 0)), BT, BT, L_TB)
     _w_block(0, e_r0, pq_s, lh_s, ll_s, in_q, BT, KB, acc)      # −W staged in in_q (T_b's tiles are free)
     if NKB == 2:
         _w_block(1, e_r1, pq_s, lh_s, ll_s, in_q, BT, KB, acc)
