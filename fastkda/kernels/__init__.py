@@ -144,7 +144,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
         if gluon_stage1_applies(q, k, g):
             from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
             _chunk_prepare_gluon_kernel[grid](
-                *args, **common, num_warps=4,          # one warpgroup
+                *args, **common, HV_PER_H=HV // H, num_warps=4,          # one warpgroup
                 **({} if STAGE1_GLUON_MAXNREG is None else {"maxnreg": STAGE1_GLUON_MAXNREG}))
         else:
             # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.

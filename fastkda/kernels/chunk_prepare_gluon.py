@@ -175,14 +175,14 @@ def _chunk_prepare_gluon_kernel(
     a1, tb, aqk, kt, gl_ptr,
     chunk_rows,
     T, NC, scale, lower_bound,
-    H, HV, K: gl.constexpr,
+    H, HV, K: gl.constexpr, HV_PER_H: gl.constexpr,
     BT: gl.constexpr, LOG2_BT: gl.constexpr,
     IS_VARLEN: gl.constexpr, USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, USE_BETA_SIGMOID: gl.constexpr,
     HAS_A_LOG: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
 ):
     i_c = gl.program_id(0)
     i_hv = gl.program_id(1)
-    i_h = i_hv // (HV // H)
+    i_h = i_hv // HV_PER_H                           # a compile-time divisor: a shift, not a division
     if IS_VARLEN:
         t0 = gl.load(chunk_rows + 2 * i_c)
         eos = gl.load(chunk_rows + 2 * i_c + 1)
