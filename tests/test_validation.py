@@ -129,12 +129,16 @@ def test_thresholds_are_capped_and_only_stress_cases_relax_them():
         Thresholds(out=2e-2)
     assert DEFAULT.out == DEFAULT.state == 5e-3 and DEFAULT.token == 5e-2 and not DEFAULT.token_own_norm
     assert SLOW_DECAY.out <= metrics.MAX_THRESHOLD and SLOW_DECAY.state <= metrics.MAX_THRESHOLD
-    outlier = metrics.OUTLIER_TOKENS
-    assert (outlier.out, outlier.state, outlier.token) == (DEFAULT.out, DEFAULT.state, DEFAULT.token)
+    outlier, heavy = metrics.OUTLIER_TOKENS, metrics.HEAVY_TAILS
+    for own_norm in (outlier, heavy):      # the same bounds, only measured against a token's own norm too
+        assert (own_norm.out, own_norm.state, own_norm.token) == (DEFAULT.out, DEFAULT.state, DEFAULT.token)
+        assert own_norm.token_own_norm
     for size in cases.SIZES:
         for tier in cases.TIERS:
             for case in cases.tier_cases(tier, size):
-                if tier in ("quick", "random", "varlen", "model"):
+                if case.name == "student_t_gva_varlen":
+                    assert case.thresholds == heavy
+                elif tier in ("quick", "random", "varlen", "model"):
                     assert case.thresholds == DEFAULT, case.name
                 elif case.thresholds == outlier:
                     assert case.name in ("beta_logits_minus_30", "v_times_1e-3", "initial_state_1e3"), case.name

@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import metrics
-from .metrics import DEFAULT, OUTLIER_TOKENS, SLOW_DECAY, Thresholds
+from .metrics import DEFAULT, HEAVY_TAILS, OUTLIER_TOKENS, SLOW_DECAY, Thresholds
 
 TIERS = ("quick", "random", "extreme", "long", "varlen", "model")
 SIZES = ("small", "full")
@@ -323,7 +323,7 @@ def random_cases(size: str) -> List[Case]:
                                           state_dtype=torch.bfloat16)),
         Case("random", "student_t_gva_varlen",
              lambda gen: benchmark_inputs(gen, [L // 2 + 22, 64, L // 3], H=max(1, H // 2), HV=2 * max(1, H // 2),
-                                          D=128, dist="student_t")),
+                                          D=128, dist="student_t"), thresholds=HEAVY_TAILS),
         Case("random", "rescaled_inputs_d64", rescaled,
              about="q x30, k x0.05, v x7, g x4, beta logits x3"),
         Case("random", "laplace_random_lengths_int64_cu", random_lengths,

@@ -48,6 +48,12 @@ rest (beta logits -30: nothing is written; v x 1e-3; initial state x 1e3). There
 would measure the output dtype's quantisation of one token, not correctness. For these cases a token is
 judged against the larger of the RMS token norm and its own norm: ``||o_t - ref_t|| <= 5e-2 * max(RMS,
 ||ref_t||)``. A token that is itself wrong by more than 5% still fails; relative L2 stays at 5e-3.
+``HEAVY_TAILS`` (the random tier's Student-t case) uses the same yardstick for the same reason, found in
+session 8: Student-t(3) draws now and then hold one value ~200x the RMS, and the token that carries it is
+~12x the RMS token norm. Implementations whose products take bf16 operands err in proportion to a token's
+own norm, so that one token decides the RMS-judged error: on run seed 844207220 fla 6.1e-2, fastkda 6.7e-2
+(every build since v20 alike; ~0.5% of the token's own norm), the exact output rounded to bf16 1.4e-2;
+other seeds give 1.5e-2 to 4.3e-2.
 
 Near-zero references: the floor
 -------------------------------
@@ -134,6 +140,14 @@ OUTLIER_TOKENS = Thresholds(
     token_own_norm=True,
     reason="first outputs dominated by the initial state, 22x the RMS token norm: bf16 rounding of the exact "
            "output alone gives 3.6e-2..4.0e-2 per-token error; tokens judged against max(RMS, own norm)",
+)
+
+HEAVY_TAILS = Thresholds(
+    token_own_norm=True,
+    reason="Student-t(3) inputs: a draw can hold one value ~200x the RMS (v = 342 at RMS 1.75, run seed "
+           "844207220) and a token 12x the RMS token norm; bf16 operands err in proportion to a token's own "
+           "norm: on that draw fla 6.1e-2 and fastkda 6.7e-2 against the RMS (~0.5% of the token's own norm), "
+           "the exact output rounded to bf16 1.4e-2; tokens judged against max(RMS, own norm)",
 )
 
 # --------------------------------------------------------------------------------------------------------
