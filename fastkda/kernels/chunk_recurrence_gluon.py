@@ -97,36 +97,20 @@ def _chunk_recurrence_gluon_kernel(
     a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
     a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
 
-    # The ring: three slots as separate buffers (shared-memory shapes must be powers of two), picked by a
-    # compile-time index, so the chunk loop is unrolled three times.
+    # The ring: one buffer of three slots per tile, a slot picked by a compile-time index (.index(j)), so the
+    # chunk loop is unrolled three times.
     sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
     sw_v: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    w_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
-           gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
-           gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k))
-    q_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
-           gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
-           gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k))
-    kt_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
-            gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k),
-            gl.allocate_shared_memory(gl.bfloat16, [BT, K], sw_k))
-    aqk_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
-             gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
-             gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t))
-    th_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
-            gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
-            gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t))
-    tl_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
-            gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t),
-            gl.allocate_shared_memory(gl.bfloat16, [BT, BT], sw_t))
-    v_r = (gl.allocate_shared_memory(gl.bfloat16, [BT, BV], sw_v),
-           gl.allocate_shared_memory(gl.bfloat16, [BT, BV], sw_v),
-           gl.allocate_shared_memory(gl.bfloat16, [BT, BV], sw_v))
-    g_r = (gl.allocate_shared_memory(gl.float32, [K], flat),
-           gl.allocate_shared_memory(gl.float32, [K], flat),
-           gl.allocate_shared_memory(gl.float32, [K], flat))
+    w_r = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], sw_k)
+    q_r = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], sw_k)
+    kt_r = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], sw_k)
+    aqk_r = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BT], sw_t)
+    th_r = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BT], sw_t)
+    tl_r = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BT], sw_t)
+    v_r = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BV], sw_v)
+    g_r = gl.allocate_shared_memory(gl.float32, [STAGES, K], flat)
     # The output tile goes out through shared memory: written from the accumulator, read back as rows of BV
     # consecutive values (16-byte stores) instead of one 2-byte store per element.
     o_s = gl.allocate_shared_memory(gl.bfloat16, [BT, BV], sw_v)
@@ -134,7 +118,7 @@ def _chunk_recurrence_gluon_kernel(
     blk0 = (i_hv * NC + c_first).to(gl.int64)
     for j in gl.static_range(STAGES - 1):
         _issue_chunk_loads(j, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos, i_hv, i_v,
-                           w_r[j], q_r[j], kt_r[j], aqk_r[j], th_r[j], tl_r[j], v_r[j], g_r[j],
+                           w_r.index(j), q_r.index(j), kt_r.index(j), aqk_r.index(j), th_r.index(j), tl_r.index(j), v_r.index(j), g_r.index(j),
                            HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
 
     # Sᵀ[vv, kk] = S[kk, vv] of this (sequence, head) sits at kk * s_state_k + vv * s_state_v.
@@ -158,23 +142,23 @@ def _chunk_recurrence_gluon_kernel(
                 # Refill chunk c − 1's slot (all its readers waited) with chunk c + 2: two chunks of lead.
                 jn: gl.constexpr = (j + STAGES - 1) % STAGES
                 _issue_chunk_loads(c + STAGES - 1, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos,
-                                   i_hv, i_v, w_r[jn], q_r[jn], kt_r[jn], aqk_r[jn], th_r[jn], tl_r[jn], v_r[jn],
-                                   g_r[jn], HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
+                                   i_hv, i_v, w_r.index(jn), q_r.index(jn), kt_r.index(jn), aqk_r.index(jn), th_r.index(jn), tl_r.index(jn), v_r.index(jn),
+                                   g_r.index(jn), HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
 
                 # Sᵀ in bf16 as a register operand (the accumulator layout is already the operand layout);
                 # formed before any product is in flight, so ptxas needs no wait to protect its registers.
                 b_sa = gl.convert_layout(b_st.to(gl.bfloat16), a_k)
-                b_u = warpgroup_mma(b_sa, w_r[j].permute((1, 0)), gl.zeros([BV, BT], gl.float32, layout=acc_t),
+                b_u = warpgroup_mma(b_sa, w_r.index(j).permute((1, 0)), gl.zeros([BV, BT], gl.float32, layout=acc_t),
                                     is_async=True)
-                b_u = warpgroup_mma(v_r[j].permute((1, 0)), th_r[j], b_u, is_async=True)
-                b_u = warpgroup_mma(v_r[j].permute((1, 0)), tl_r[j], b_u, is_async=True)
-                b_p = warpgroup_mma(b_sa, q_r[j].permute((1, 0)), gl.zeros([BV, BT], gl.float32, layout=acc_t),
+                b_u = warpgroup_mma(v_r.index(j).permute((1, 0)), th_r.index(j), b_u, is_async=True)
+                b_u = warpgroup_mma(v_r.index(j).permute((1, 0)), tl_r.index(j), b_u, is_async=True)
+                b_p = warpgroup_mma(b_sa, q_r.index(j).permute((1, 0)), gl.zeros([BV, BT], gl.float32, layout=acc_t),
                                     is_async=True)
                 b_u, b_sa = warpgroup_mma_wait(1, deps=[b_u, b_sa])  # Uᵀ done; Pᵀ may still be in flight
                 b_ub = b_u.to(gl.bfloat16)
-                b_gl = g_r[j].load(gl.SliceLayout(0, acc_k))
-                b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_r[j], b_st * gl.expand_dims(b_gl, 0), is_async=True)
-                b_o = warpgroup_mma(gl.convert_layout(b_ub, a_t), aqk_r[j].permute((1, 0)), b_p, is_async=True)
+                b_gl = g_r.index(j).load(gl.SliceLayout(0, acc_k))
+                b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_r.index(j), b_st * gl.expand_dims(b_gl, 0), is_async=True)
+                b_o = warpgroup_mma(gl.convert_layout(b_ub, a_t), aqk_r.index(j).permute((1, 0)), b_p, is_async=True)
                 b_st, b_o = warpgroup_mma_wait(0, deps=[b_st, b_o])
                 o_s.store(gl.permute(b_o.to(o.dtype.element_ty), (1, 0)))
                 _cta_barrier()
