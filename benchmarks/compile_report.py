@@ -117,10 +117,11 @@ def by_line(compiled, top: int) -> str:
         with open(path, "wb") as f:
             f.write(compiled.asm["cubin"])
         sass = subprocess.run([nvdisasm, "-g", "-c", path], capture_output=True, text=True).stdout
-    count, smem, bars = Counter(), Counter(), Counter()
+    count, smem, bars, opcodes = Counter(), Counter(), Counter(), {}
     for where, opcode in parse_sass(sass).values():
         op = opcode.split(".")
         count[where] += 1
+        opcodes.setdefault(where, Counter())[op[0]] += 1
         if op[0] == "BAR":
             bars[where] += 1
         if op[0] in _MATRIX:
@@ -128,11 +129,17 @@ def by_line(compiled, top: int) -> str:
         elif op[0] in ("LDS", "STS", "LDL", "STL"):
             smem[where] += 32 * next((_WIDTH[p] for p in op[1:] if p in _WIDTH), 4)
     total_i, total_s = sum(count.values()), sum(smem.values())
+    name = lambda key: "?" if key is None else f"{key[0]}:{key[1]}"           # noqa: E731
     rows = [f"  {total_i} instructions, {total_s} shared/local bytes per warp; top lines by shared bytes:"]
     for key, b in smem.most_common(top):
-        name = "?" if key is None else f"{key[0]}:{key[1]}"
         rows.append(f"  {b:7d} B ({100 * b / max(total_s, 1):4.1f}%) {count[key]:5d} instr {bars[key]:3d} bar  "
-                    f"{name}")
+                    f"{name(key)}")
+    # An issue-bound kernel (the Gluon stage 1 since session 7) spends its time where its instructions are.
+    rows.append("  top lines by instructions:")
+    for key, n in count.most_common(top):
+        mix = ", ".join(f"{op} {k}" for op, k in opcodes[key].most_common(3))
+        rows.append(f"  {n:7d} ({100 * n / max(total_i, 1):4.1f}%) {smem[key]:7d} B {bars[key]:3d} bar  {name(key)}"
+                    f"  [{mix}]")
     return "\n".join(rows)
 
 
@@ -204,7 +211,8 @@ def main():
     ap.add_argument("--chunk", type=int, default=32, help="BT")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--by-line", type=int, default=0, metavar="N",
-                    help="also list the N source lines that move the most shared-memory bytes")
+                    help="also list the N source lines that move the most shared-memory bytes, and the N with "
+                         "the most instructions")
     ap.add_argument("--all-configs", action="store_true",
                     help="only compile every configuration the launcher can pick; exit status 1 if one fails")
     args = ap.parse_args()
