@@ -203,6 +203,7 @@ def _chunk_prepare_gluon_kernel(
     per_row: gl.constexpr = gl.SliceLayout(1, acc)       # a channel of [KB, BT]; a row of [2·BT, BT]
     per_col: gl.constexpr = gl.SliceLayout(0, acc)       # a token
     L_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (KB // 8), KB // 8], [4, 1], [1, 0])  # 16-byte rows
+    L_BT: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])    # of BT columns
     sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
     # The chunk's g, k, q rows land in in_g, in_k, in_q, which later hold Qg, k̂⊙e^{r−G} and Kt, then −W
@@ -269,9 +270,8 @@ def _chunk_prepare_gluon_kernel(
     beta_j = gl.where(m_t, beta_j, 0.0)
 
     # A'ᵀ[j, i] = [j ≤ i] − 1/2, the right operand of (G − r)ᵀ (scaled by 2^-11 for the gate's 2^11·a).
-    L_AP: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])
-    jj = gl.arange(0, BT, layout=gl.SliceLayout(1, L_AP))
-    ii = gl.arange(0, BT, layout=gl.SliceLayout(0, L_AP))
+    jj = gl.arange(0, BT, layout=gl.SliceLayout(1, L_BT))
+    ii = gl.arange(0, BT, layout=gl.SliceLayout(0, L_BT))
     if USE_GATE:
         ap_s.store(gl.where(jj[:, None] <= ii[None, :], 0.5 / 2048.0, -0.5 / 2048.0).to(gl.float16))
     else:
@@ -334,8 +334,7 @@ def _chunk_prepare_gluon_kernel(
         ll_s.store(l_lo)
     fence_async_shared()
     _cta_barrier()
-    L_TB: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])
-    _store_rows(aqk + blk * (BT * BT), BT, aq_s.slice(BT, BT), BT, BT, L_TB)
+    _store_rows(aqk + blk * (BT * BT), BT, aq_s.slice(BT, BT), BT, BT, L_BT)
     if T_FP16:
         for lvl in gl.static_range(1, LOG2_BT):
             t_16 = b_t.to(gl.float16)
@@ -379,8 +378,8 @@ def _chunk_prepare_gluon_kernel(
     fence_async_shared()
     _cta_barrier()
     # tb[j, i] = (T·diag(β))[i, j]: the tiles read back transposed (ldmatrix), out as 16-byte rows.
-    _store_rows(tb + blk * (2 * BT * BT), BT, lh_s.slice(0, BT).permute((1, 0)), BT, BT, L_TB)
-    _store_rows(tb + blk * (2 * BT * BT) + BT * BT, BT, ll_s.slice(0, BT).permute((1, 0)), BT, BT, L_TB)
+    _store_rows(tb + blk * (2 * BT * BT), BT, lh_s.slice(0, BT).permute((1, 0)), BT, BT, L_BT)
+    _store_rows(tb + blk * (2 * BT * BT) + BT * BT, BT, ll_s.slice(0, BT).permute((1, 0)), BT, BT, L_BT)
     _w_block(0, e_r0, pq_s, lh_s, ll_s, in_q, BT, KB, acc)      # −W staged in in_q (T_b's tiles are free)
     if NKB == 2:
         _w_block(1, e_r1, pq_s, lh_s, ll_s, in_q, BT, KB, acc)
