@@ -176,15 +176,18 @@ def launcher_configurations(D: int = 64):
         yield (f"stage 1 (Gluon), bf16, {'packed' if varlen else 'fixed-length'}", _chunk_prepare_gluon_kernel,
                _gluon_stage1_constexprs(D, varlen), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource, None)
     # Without the gate, the key norm or the β sigmoid, the Gluon stage 1 takes its bf16 paths (G − r in
-    # three bf16 pieces, the doubling in bf16 halves): another kernel body.
+    # three bf16 pieces without the gate, the doubling in bf16 halves): other kernel bodies.
     yield ("stage 1 (Gluon), bf16, g the log-decay, beta as given", _chunk_prepare_gluon_kernel,
            _gluon_stage1_constexprs(D, True, flags=False), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource,
            None)
+    yield ("stage 1 (Gluon), bf16, keys as given", _chunk_prepare_gluon_kernel,
+           _gluon_stage1_constexprs(D, True, l2norm=False), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource,
+           None)
 
 
-def _gluon_stage1_constexprs(D: int, varlen: bool, flags: bool = True) -> dict:
+def _gluon_stage1_constexprs(D: int, varlen: bool, flags: bool = True, l2norm: bool = True) -> dict:
     BT = kernels.CHUNK_SIZE
-    return dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=True, USE_GATE=flags,
+    return dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=l2norm, USE_GATE=flags,
                 USE_BETA_SIGMOID=flags, HAS_A_LOG=flags, HAS_DT_BIAS=flags, HV_PER_H=1)
 
 
