@@ -4,7 +4,6 @@ channel-major so that every product runs on the warpgroup tensor cores (wgmma).
 One program (one warpgroup) per (chunk of BT tokens, value head). The element-wise work holds tiles
 transposed, [K channels × BT tokens], in the register layout of a wgmma accumulator with N = BT, so that:
 
-    |k|², |q|² = diagonals of [k; q]·kᵀ and [k; q]·qᵀ    the key and query norms, from shared memory
     (G − r)ᵀ = aᵀ · A'ᵀ,  A'[i, j] = [j ≤ i] − 1/2      a in fp16 or bf16 pieces: no scan; r = G_last / 2
     [L; Aqk]  = [k̂⊙e^{G−r}; q̂⊙e^{G−r}] · (k̂⊙e^{r−G})ᵀ     one product, M = 2·BT (both from shared memory)
     T_2b      = T_b + mask_b ⊙ (T_b·(−L)) · T_b           block doubling; fp16, or bf16 high + low halves
@@ -82,27 +81,10 @@ def _split_bf16(x):
 
 
 @gluon.jit
-def _inv_norms(kq_s, nrm_s, NKB: gl.constexpr, BT: gl.constexpr, acc: gl.constexpr, out_layout: gl.constexpr):
-    """1 / sqrt(|x|² + 1e-6) of the key and query rows, from kq_s[h] = [k rows; q rows] (channel blocks h):
-    |k|² and |q|² are the diagonals of [k; q]·kᵀ (rows 0..BT−1) and [k; q]·qᵀ (rows BT..) on the tensor cores
-    (bf16 products exact, fp32 sums), in place of ~200 element-wise instructions. Returns (keys, queries) as
-    vectors in out_layout, passed through the shared vector nrm_s."""
-    i = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, acc))
-    j = gl.arange(0, BT, layout=gl.SliceLayout(0, acc))
-    zero = gl.zeros([2 * BT, BT], gl.float32, layout=acc)
-    xk = warpgroup_mma(kq_s.index(0), kq_s.index(0).slice(0, BT).permute((1, 0)), zero, is_async=True)
-    if NKB == 2:
-        xk = warpgroup_mma(kq_s.index(1), kq_s.index(1).slice(0, BT).permute((1, 0)), xk, is_async=True)
-    xk = warpgroup_mma_wait(0, deps=[xk])
-    sq = gl.sum(gl.where(i[:, None] == j[None, :], xk, 0.0), 1)
-    xq = warpgroup_mma(kq_s.index(0), kq_s.index(0).slice(BT, BT).permute((1, 0)), zero, is_async=True)
-    if NKB == 2:
-        xq = warpgroup_mma(kq_s.index(1), kq_s.index(1).slice(BT, BT).permute((1, 0)), xq, is_async=True)
-    xq = warpgroup_mma_wait(0, deps=[xq])
-    sq += gl.sum(gl.where(i[:, None] == j[None, :] + BT, xq, 0.0), 1)
-    nrm_s.store(gl.rsqrt(sq + 1e-6))
-    _cta_barrier()
-    return nrm_s.slice(0, BT).load(out_layout), nrm_s.slice(BT, BT).load(out_layout)
+def _row_sq_sums(smem, L_ROWS: gl.constexpr):
+    """|row|² of each row of a [rows, KB] shared tile (a row's channels sit in one warp: no cross-warp sums)."""
+    x = smem.load(L_ROWS).to(gl.float32)
+    return gl.sum(x * x, 1)
 
 
 @gluon.jit
@@ -118,10 +100,9 @@ def _channel_block(h, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, o_
                    scale, lower_bound, K: gl.constexpr, KB: gl.constexpr, BT: gl.constexpr,
                    USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
                    acc: gl.constexpr, a_op: gl.constexpr):
-    """The element-wise work of channels h·KB .. (h + 1)·KB − 1, channel-major [KB, BT], from g in in_g[h]
-    and k, q in pq_s[h]: the decays, the operands of [L; Aqk] into pq_s[h] (k̂⊙e^{G−r}; q̂⊙e^{G−r}, over the
-    inputs) and in_k[h] (k̂⊙e^{r−G}), Qg into in_g[h] (over g), Kt into in_q[h], gl to global. Returns e^r of
-    these channels (W's factor)."""
+    """The element-wise work of channels h·KB .. (h + 1)·KB − 1, channel-major [KB, BT]: the decays, the
+    operands of [L; Aqk] into pq_s[h] (k̂⊙e^{G−r}; q̂⊙e^{G−r}) and in_k[h] (k̂⊙e^{r−G}), Qg into in_g[h], Kt
+    into in_q[h], gl to global. Returns e^r of these channels (W's factor)."""
     o_c = h * KB + gl.arange(0, KB, layout=gl.SliceLayout(1, acc))
     b_g = gl.convert_layout(in_g.index(h).permute((1, 0)).load(a_op), acc).to(gl.float32)
     # Per-step log-decay in base 2 (chunk_prepare._log2_decay, the same folding).
@@ -157,25 +138,23 @@ def _channel_block(h, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, o_
     r_ref = gl.sum(gl.where(o_t[None, :] == BT - 1, b_d, 0.0), 1)
     e_r = _ex2(r_ref)
     gl.store(gl_ptr + (i_c * HV + i_hv) * K + o_c, _ex2(2.0 * r_ref))             # e^{G_last}
-    # Both raw tiles into registers (bf16), then every thread has read block h's inputs (g, k, q) and their
-    # tiles take the outputs; k, then q, each stored as soon as it is formed.
+    # q, then k: one input tile live at a time.
     e_pos = _ex2(b_d)
-    k_raw = pq_s.index(h).slice(0, BT).permute((1, 0)).load(a_op)
-    q_raw = pq_s.index(h).slice(BT, BT).permute((1, 0)).load(a_op)
-    _cta_barrier()
-    b_k = gl.convert_layout(k_raw, acc).to(gl.float32)
-    if USE_L2NORM:
-        b_k = b_k * gl.expand_dims(inv_nk, 0)
-    pq_s.index(h).slice(0, BT).store(gl.permute((b_k * e_pos).to(gl.bfloat16), (1, 0)))
-    k_neg = b_k * _rcp(e_pos)                        # e^{r−G} (no negation to issue)
-    in_k.index(h).store(gl.permute(k_neg.to(gl.bfloat16), (1, 0)))
-    in_q.index(h).store(gl.permute((k_neg * gl.expand_dims(e_r, 1)).to(gl.bfloat16), (1, 0)))  # k̂ e^{G_last − G}
-    b_q = gl.convert_layout(q_raw, acc).to(gl.float32)
+    b_q = gl.convert_layout(in_q.index(h).permute((1, 0)).load(a_op), acc).to(gl.float32)
     if USE_L2NORM:
         b_q = b_q * gl.expand_dims(inv_nq, 0)
     q_pos = b_q * e_pos
     pq_s.index(h).slice(BT, BT).store(gl.permute(q_pos.to(gl.bfloat16), (1, 0)))
-    in_g.index(h).store(gl.permute((q_pos * gl.expand_dims(e_r * scale, 1)).to(gl.bfloat16), (1, 0)))  # Qg
+    b_qg = (q_pos * gl.expand_dims(e_r * scale, 1)).to(gl.bfloat16)                       # Qg
+    b_k = gl.convert_layout(in_k.index(h).permute((1, 0)).load(a_op), acc).to(gl.float32)
+    if USE_L2NORM:
+        b_k = b_k * gl.expand_dims(inv_nk, 0)
+    pq_s.index(h).slice(0, BT).store(gl.permute((b_k * e_pos).to(gl.bfloat16), (1, 0)))
+    k_neg = b_k * _rcp(e_pos)                        # e^{r−G} (no negation to issue)
+    _cta_barrier()                                   # every thread has read block h's inputs: its tiles are free
+    in_g.index(h).store(gl.permute(b_qg, (1, 0)))
+    in_k.index(h).store(gl.permute(k_neg.to(gl.bfloat16), (1, 0)))
+    in_q.index(h).store(gl.permute((k_neg * gl.expand_dims(e_r, 1)).to(gl.bfloat16), (1, 0)))  # k̂ e^{G_last − G}
     return e_r
 
 
@@ -229,17 +208,16 @@ def _chunk_prepare_gluon_kernel(
     L_TOK: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])                                  # a token per lane
     sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
-    # The chunk's g rows land in in_g (later Qg), its k and q rows in pq_s (the norms' product reads them
-    # there; later [k̂⊙e^{G−r}; q̂⊙e^{G−r}]); in_k holds k̂⊙e^{r−G}, in_q Kt, then −W. Every buffer is allocated
-    # here, for the whole program, and reused by hand: with K = 128 the doubling's tiles are views of in_g
-    # (L, later T·diag(β): high and low halves) and in_q (T_b's halves), 43 KB in all (five programs per
-    # SM). Only buffers that no product reads, or one read with the same layout, are reused: letting the
+    # The chunk's g, k, q rows land in in_g, in_k, in_q, which later hold Qg, k̂⊙e^{r−G} and Kt, then −W
+    # (in_q). Every buffer is allocated here, for the whole program, and reused by hand: with K = 128 the
+    # doubling's tiles are views of in_g (L, later T·diag(β): high and low halves) and in_q (T_b's halves),
+    # 42 KB in all (five programs per SM). Only buffers that no product reads are reused: letting the
     # compiler reuse the space of a product's operand for another operand (same address, two descriptors)
     # gave wrong products on the device (docs/perf-notes.md, session 7).
     in_g = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
     in_k = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
     in_q = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
-    pq_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, 2 * BT, KB], sw_k)  # [k; q], then [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
+    pq_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, 2 * BT, KB], sw_k)  # [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
     ap_s = gl.allocate_shared_memory(gl.float16 if USE_GATE else gl.bfloat16, [BT, BT], sw_t)   # A'ᵀ
     # The doubling's operands: fp16 where T's entries are bounded by 1 (T_FP16 below), else bf16 halves.
     T_FP16: gl.constexpr = USE_L2NORM & USE_GATE & USE_BETA_SIGMOID
@@ -250,7 +228,6 @@ def _chunk_prepare_gluon_kernel(
     else:
         l_s = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)
         t_s = gl.allocate_shared_memory(t_dt, [2, 2 * BT, BT], sw_t)
-    nrm_s = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # 1/norms
     lh_s = l_s.index(0)          # [2·BT, BT] tiles (rows BT.. zero); the products read rows 0..BT−1
     ll_s = l_s.index(1)
     th_s = t_s.index(0)
@@ -261,14 +238,10 @@ def _chunk_prepare_gluon_kernel(
     c_in = gl.arange(0, KB, layout=gl.SliceLayout(0, L_ROWS))
     tok_in = t0 + r_in
     m_in = (tok_in < eos)[:, None]
-    r_kq = gl.arange(0, 2 * BT, layout=gl.SliceLayout(1, L_ROWS))          # rows of [k; q]
-    tok_kq = t0 + r_kq % BT
-    off_kq = ((tok_kq * H + i_h) * K)[:, None] + c_in[None, :]
-    src_kq = gl.where((r_kq < BT)[:, None], k + off_kq, q + off_kq)
-    m_kq = (tok_kq < eos)[:, None]
     for h in gl.static_range(NKB):
         _cp_async(in_g.index(h), g + (tok_in * HV + i_hv)[:, None] * K + (h * KB + c_in)[None, :], mask=m_in)
-        _cp_async(pq_s.index(h), src_kq + h * KB, mask=m_kq)
+        _cp_async(in_k.index(h), k + (tok_in * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m_in)
+        _cp_async(in_q.index(h), q + (tok_in * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m_in)
     async_copy.commit_group()
 
     # The small inputs, loaded now (their latency hides behind the tiles'; loaded where first needed they
@@ -317,7 +290,13 @@ def _chunk_prepare_gluon_kernel(
     inv_nk = 1.0
     inv_nq = 1.0
     if USE_L2NORM:
-        inv_nk, inv_nq = _inv_norms(pq_s, nrm_s, NKB, BT, acc, per_col)
+        sq_k = _row_sq_sums(in_k.index(0), L_ROWS)
+        sq_q = _row_sq_sums(in_q.index(0), L_ROWS)
+        if NKB == 2:
+            sq_k += _row_sq_sums(in_k.index(1), L_ROWS)
+            sq_q += _row_sq_sums(in_q.index(1), L_ROWS)
+        inv_nk = gl.convert_layout(gl.rsqrt(sq_k + 1e-6), per_col)
+        inv_nq = gl.convert_layout(gl.rsqrt(sq_q + 1e-6), per_col)
     e_r0 = _channel_block(0, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g0, o_t, gl_ptr, i_c, i_hv,
                           HV, scale, lower_bound, K, KB, BT, USE_L2NORM, USE_GATE, HAS_DT_BIAS, acc, a_op)
     e_r1 = e_r0
@@ -393,6 +372,7 @@ def _chunk_prepare_gluon_kernel(
             th_s.store(t_hi)
             tl_s.store(t_lo)
             b_tl = warpgroup_mma_wait(0, deps=[b_tl])
+            # (the fp16 path's row/column form of this mask tipped ptxas into serialising this path's products)
             x_hi, x_lo = _split_bf16(gl.where(((o_r[:, None] ^ o_j[None, :]) >> lvl) == 1, b_tl, 0.0))
             fence_async_shared()
             _cta_barrier()                           # T_b's halves are in shared memory
