@@ -174,21 +174,36 @@ def launcher_configurations(D: int = 64):
            GluonASTSource, None)
     for varlen in (True, False):
         yield (f"stage 1 (Gluon), bf16, {'packed' if varlen else 'fixed-length'}", _chunk_prepare_gluon_kernel,
-               _gluon_stage1_constexprs(D, varlen), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource, None)
+               _gluon_stage1_constexprs(D, varlen), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource,
+               gluon_stage1_types(D))
     # Without the gate, the key norm or the β sigmoid, the Gluon stage 1 takes its bf16 paths (G − r in
     # three bf16 pieces without the gate, the doubling in bf16 halves): other kernel bodies.
     yield ("stage 1 (Gluon), bf16, g the log-decay, beta as given", _chunk_prepare_gluon_kernel,
            _gluon_stage1_constexprs(D, True, flags=False), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource,
-           None)
+           gluon_stage1_types(D))
     yield ("stage 1 (Gluon), bf16, keys as given", _chunk_prepare_gluon_kernel,
            _gluon_stage1_constexprs(D, True, l2norm=False), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource,
-           None)
+           gluon_stage1_types(D))
 
 
 def _gluon_stage1_constexprs(D: int, varlen: bool, flags: bool = True, l2norm: bool = True) -> dict:
     BT = kernels.CHUNK_SIZE
+    tma = dict(TMA_STORES=True) if kernels.STAGE1_TMA_STORES else dict(
+        a1_desc=None, kt_desc=None, aqk_desc=None, TMA_STORES=False)
     return dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=l2norm, USE_GATE=flags,
-                USE_BETA_SIGMOID=flags, HAS_A_LOG=flags, HAS_DT_BIAS=flags, HV_PER_H=1)
+                USE_BETA_SIGMOID=flags, HAS_A_LOG=flags, HAS_DT_BIAS=flags, HV_PER_H=1, **tma)
+
+
+def gluon_stage1_types(D: int) -> dict:
+    """Argument types of the Gluon stage 1's TMA descriptors (kernels._stage1_descriptors): bf16 blocks of BT
+    rows, 128-byte swizzle for a1 and kt ([BT, 64]), 64-byte for aqk ([BT, BT])."""
+    from triton.experimental.gluon import language as gl
+    BT = kernels.CHUNK_SIZE
+
+    def desc(cols, swizzle):
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
+        return f"tensordesc<bf16[{BT},{cols}],{layout!r}>"
+    return dict(a1_desc=desc(64, 128), kt_desc=desc(64, 128), aqk_desc=desc(BT, 64))
 
 
 def check_all(D: int) -> int:

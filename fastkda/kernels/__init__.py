@@ -43,6 +43,7 @@ STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, T
 STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
 STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
 STAGE1_GLUON_MAXNREG = 96    # five Gluon stage-1 programs per SM (43 KB of shared memory each)
+STAGE1_TMA_STORES = True     # the Gluon stage 1 writes a1, kt, aqk by TMA bulk stores
 ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
                          # (N² comparisons in one program; a power of two); beyond, sorted by torch
 
@@ -144,7 +145,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
         if gluon_stage1_applies(q, k, g):
             from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
             _chunk_prepare_gluon_kernel[grid](
-                *args, **common, HV_PER_H=HV // H, num_warps=4,          # one warpgroup
+                *args, **common, HV_PER_H=HV // H, **_stage1_descriptors(st, K, BT), num_warps=4,  # one warpgroup
                 **({} if STAGE1_GLUON_MAXNREG is None else {"maxnreg": STAGE1_GLUON_MAXNREG}))
         else:
             # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
@@ -154,6 +155,21 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
                 num_warps=STAGE1_WARPS, num_stages=1,
                 **({} if STAGE1_MAXNREG is None else {"maxnreg": STAGE1_MAXNREG}))
     return st
+
+
+def _stage1_descriptors(st: Stage1, K: int, BT: int) -> dict:
+    """TMA descriptors of the Gluon stage 1's outputs, as 2-D row views, or none (STAGE1_TMA_STORES)."""
+    if not STAGE1_TMA_STORES:
+        return dict(a1_desc=None, kt_desc=None, aqk_desc=None, TMA_STORES=False)
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    def desc(t, cols, block_cols, swizzle):
+        rows = t.numel() // cols
+        return TensorDescriptor(t, [rows, cols], [cols, 1], [BT, block_cols],
+                                gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2))
+    return dict(a1_desc=desc(st.a1, K, 64, 128), kt_desc=desc(st.kt, K, 64, 128), aqk_desc=desc(st.aqk, BT, BT, 64),
+                TMA_STORES=True)
 
 
 @functools.lru_cache(maxsize=None)

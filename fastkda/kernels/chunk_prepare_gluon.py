@@ -33,10 +33,13 @@ kernels: ~5e-4 relative; docs/perf-notes.md, sessions 6 and 8).
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
+    async_copy, fence_async_shared, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
 from .chunk_recurrence_gluon import _cp_async, _cta_barrier
+
+# A TMA bulk store of a shared tile: `async_copy_shared_to_global` up to Triton 3.6, `async_store` later.
+_tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
 LOG2E = gl.constexpr(1.4426950408889634)
 # Shared-memory views of another layout: `_reinterpret` up to Triton 3.6 (the device's), `reinterpret` later.
@@ -180,6 +183,7 @@ def _chunk_prepare_gluon_kernel(
     BT: gl.constexpr, LOG2_BT: gl.constexpr,
     IS_VARLEN: gl.constexpr, USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, USE_BETA_SIGMOID: gl.constexpr,
     HAS_A_LOG: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+    a1_desc, kt_desc, aqk_desc, TMA_STORES: gl.constexpr,
 ):
     i_c = gl.program_id(0)
     i_hv = gl.program_id(1)
@@ -192,6 +196,7 @@ def _chunk_prepare_gluon_kernel(
         eos = (i_c // NT + 1) * T
         t0 = eos - T + (i_c % NT) * BT
     blk = (i_hv * NC + i_c).to(gl.int64)
+    row1 = (i_hv * NC + i_c) * BT                   # the chunk's first row in kt, aqk (2-D views; a1: twice)
 
     # Channels in blocks of KB = 64 (NKB = K / 64 blocks), one after the other: the element-wise work of one
     # block at a time keeps the register peak low enough for more programs per SM. Accumulators with N = BT
@@ -312,8 +317,12 @@ def _chunk_prepare_gluon_kernel(
     if NKB == 2:
         b_la = warpgroup_mma(pq_s.index(1), in_k.index(1).permute((1, 0)), b_la, is_async=True)
     for h in gl.static_range(NKB):
-        _store_rows(a1 + blk * (2 * BT * K) + BT * K + h * KB, K, in_g.index(h), BT, KB, L_ROWS)
-        _store_rows(kt + blk * (BT * K) + h * KB, K, in_q.index(h), BT, KB, L_ROWS)
+        if TMA_STORES:
+            _tma_store(a1_desc, [2 * row1 + BT, h * KB], in_g.index(h))
+            _tma_store(kt_desc, [row1, h * KB], in_q.index(h))
+        else:
+            _store_rows(a1 + blk * (2 * BT * K) + BT * K + h * KB, K, in_g.index(h), BT, KB, L_ROWS)
+            _store_rows(kt + blk * (BT * K) + h * KB, K, in_q.index(h), BT, KB, L_ROWS)
     b_la = warpgroup_mma_wait(0, deps=[b_la])
 
     # −L (rows 0..BT−1: j < i, times −β_i) and Aqk (rows BT..: j ≤ i, times the scale) in one tile: one
@@ -326,6 +335,8 @@ def _chunk_prepare_gluon_kernel(
     # T = (I + L)^-1 by block doubling (chunk_prepare.py), rows BT.. of the tile zero throughout. The
     # doubling's tiles share in_g and in_q: every thread must have copied Qg and Kt out first. Aqk (rows
     # BT.. of its tile) goes out through the q half of pq_s's first block, which no product reads again.
+    if TMA_STORES:
+        tma.store_wait(0)                            # the copies have read Qg and Kt
     _cta_barrier()
     aq_s = _view(pq_s, gl.bfloat16, [2 * NKB, 2 * BT, BT], sw_t).index(1)
     aq_s.store(b_x.to(gl.bfloat16))
@@ -344,7 +355,10 @@ def _chunk_prepare_gluon_kernel(
         ll_s.store(l_lo)
     fence_async_shared()
     _cta_barrier()
-    _store_rows(aqk + blk * (BT * BT), BT, aq_s.slice(BT, BT), BT, BT, L_BT)
+    if TMA_STORES:
+        _tma_store(aqk_desc, [row1, 0], aq_s.slice(BT, BT))
+    else:
+        _store_rows(aqk + blk * (BT * BT), BT, aq_s.slice(BT, BT), BT, BT, L_BT)
     if T_FP16:
         for lvl in gl.static_range(1, LOG2_BT):
             t_16 = b_t.to(gl.float16)
@@ -394,6 +408,13 @@ def _chunk_prepare_gluon_kernel(
     _w_block(0, e_r0, pq_s, lh_s, ll_s, in_q, BT, KB, acc)      # −W staged in in_q (T_b's tiles are free)
     if NKB == 2:
         _w_block(1, e_r1, pq_s, lh_s, ll_s, in_q, BT, KB, acc)
+    if TMA_STORES:
+        fence_async_shared()
     _cta_barrier()
     for h in gl.static_range(NKB):
-        _store_rows(a1 + blk * (2 * BT * K) + h * KB, K, in_q.index(h), BT, KB, L_ROWS)
+        if TMA_STORES:
+            _tma_store(a1_desc, [2 * row1, h * KB], in_q.index(h))
+        else:
+            _store_rows(a1 + blk * (2 * BT * K) + h * KB, K, in_q.index(h), BT, KB, L_ROWS)
+    if TMA_STORES:
+        tma.store_wait(0)                            # shared memory stays until the copies have read it
