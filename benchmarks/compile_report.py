@@ -188,10 +188,8 @@ def launcher_configurations(D: int = 64):
 
 def _gluon_stage1_constexprs(D: int, varlen: bool, flags: bool = True, l2norm: bool = True) -> dict:
     BT = kernels.CHUNK_SIZE
-    tma = dict(TMA_STORES=True) if kernels.STAGE1_TMA_STORES else dict(
-        a1_desc=None, kt_desc=None, aqk_desc=None, TMA_STORES=False)
     return dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=l2norm, USE_GATE=flags,
-                USE_BETA_SIGMOID=flags, HAS_A_LOG=flags, HAS_DT_BIAS=flags, HV_PER_H=1, **tma)
+                USE_BETA_SIGMOID=flags, HAS_A_LOG=flags, HAS_DT_BIAS=flags, HV_PER_H=1)
 
 
 def gluon_stage1_types(D: int) -> dict:

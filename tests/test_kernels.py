@@ -246,3 +246,23 @@ def test_stage1_tb_holds_the_transposed_inverse_times_beta(dtype):
         assert torch.count_nonzero(lo) == 0
     else:                                                         # the low half refines the high half
         assert lo.abs().max() > 0 and bool((lo.abs() <= hi.abs() * 2 ** -7 + 1e-30).all())
+
+
+@pytest.mark.parametrize("K", [64, 128])
+def test_stage1_tma_descriptors_cover_the_outputs_row_by_row(K):
+    # The Gluon stage 1 stores a1, kt and aqk with TMA: each descriptor must view its whole tensor as rows of
+    # K (or BT) values, in blocks of BT rows shaped and swizzled like the kernel's shared tiles ([BT, 64] with
+    # 128-byte rows, [BT, BT] with 64-byte rows), so that row (chunk block)·rows + i is row i of that block.
+    from fastkda import kernels
+    BT, HV, slots = kernels.CHUNK_SIZE, 3, 5
+    st = kernels.Stage1(a1=torch.empty(HV, slots, 2 * BT, K, dtype=torch.bfloat16), tb=None,
+                        aqk=torch.empty(HV, slots, BT, BT, dtype=torch.bfloat16),
+                        kt=torch.empty(HV, slots, BT, K, dtype=torch.bfloat16), gl=None, chunk_offsets=None,
+                        seq_order=None, n_chunks=slots, N=1)
+    d = kernels._stage1_descriptors(st, K, BT)
+    for name, t, cols, block, swizzle in (("a1_desc", st.a1, K, [BT, 64], 128), ("kt_desc", st.kt, K, [BT, 64], 128),
+                                          ("aqk_desc", st.aqk, BT, [BT, BT], 64)):
+        desc = d[name]
+        assert desc.base is t and t.is_contiguous()
+        assert list(desc.shape) == [HV * slots * t.shape[2], cols] and list(desc.strides) == [cols, 1]
+        assert list(desc.block_shape) == block and desc.layout.swizzle_byte_width == swizzle

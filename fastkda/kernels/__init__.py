@@ -43,7 +43,6 @@ STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, T
 STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
 STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
 STAGE1_GLUON_MAXNREG = 96    # five Gluon stage-1 programs per SM (43 KB of shared memory each)
-STAGE1_TMA_STORES = True     # the Gluon stage 1 writes a1, kt, aqk by TMA bulk stores
 ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
                          # (N² comparisons in one program; a power of two); beyond, sorted by torch
 
@@ -158,18 +157,20 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
 
 
 def _stage1_descriptors(st: Stage1, K: int, BT: int) -> dict:
-    """TMA descriptors of the Gluon stage 1's outputs, as 2-D row views, or none (STAGE1_TMA_STORES)."""
-    if not STAGE1_TMA_STORES:
-        return dict(a1_desc=None, kt_desc=None, aqk_desc=None, TMA_STORES=False)
-    from triton.experimental.gluon import language as gl
+    """TMA descriptors of the Gluon stage 1's outputs a1, kt, aqk as 2-D row views (blocks of BT rows; the
+    swizzles of the kernel's shared tiles). Allocated here, the tensors meet TMA's 16-byte alignment."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     def desc(t, cols, block_cols, swizzle):
-        rows = t.numel() // cols
-        return TensorDescriptor(t, [rows, cols], [cols, 1], [BT, block_cols],
-                                gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2))
-    return dict(a1_desc=desc(st.a1, K, 64, 128), kt_desc=desc(st.kt, K, 64, 128), aqk_desc=desc(st.aqk, BT, BT, 64),
-                TMA_STORES=True)
+        return TensorDescriptor(t, [t.numel() // cols, cols], [cols, 1], [BT, block_cols], _nvmma_layout(swizzle))
+    return dict(a1_desc=desc(st.a1, K, 64, 128), kt_desc=desc(st.kt, K, 64, 128), aqk_desc=desc(st.aqk, BT, BT, 64))
+
+
+@functools.lru_cache(maxsize=None)
+def _nvmma_layout(swizzle: int):
+    """The shared layout of a bf16 tile with rows swizzled over `swizzle` bytes (cached: built per call otherwise)."""
+    from triton.experimental.gluon import language as gl
+    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
 
 
 @functools.lru_cache(maxsize=None)

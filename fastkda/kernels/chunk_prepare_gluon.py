@@ -24,8 +24,9 @@ so |T[i, j]| ≤ 1 and |L[i, j]| ≤ 1, and the doubling runs in fp16 (11 signif
 tf32 precision), one product per step; otherwise in bf16 high and low halves, three products per step
 (high·high + high·low + low·high, ~16 bits), whatever T's range. Per-channel vectors cost 4 registers per
 thread and per-token vectors 8. The input rows arrive by cp.async and are read transposed with ldmatrix; the
-output tiles reach shared memory with the transposing matrix store (tb read back transposed by ldmatrix) and
-leave as 16-byte rows. Outputs and their layouts are those of chunk_prepare.py, and so are the points where
+output tiles reach shared memory with the transposing matrix store and leave by TMA bulk stores (a1, kt, aqk:
+no register round trip; docs/perf-notes.md, session 9), tb read back transposed by ldmatrix and stored as
+16-byte rows. Outputs and their layouts are those of chunk_prepare.py, and so are the points where
 values are rounded to bf16; G − r comes from products instead of a scan (tests/test_gpu.py compares the two
 kernels: ~5e-4 relative; docs/perf-notes.md, sessions 6 and 8).
 """
@@ -183,7 +184,7 @@ def _chunk_prepare_gluon_kernel(
     BT: gl.constexpr, LOG2_BT: gl.constexpr,
     IS_VARLEN: gl.constexpr, USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, USE_BETA_SIGMOID: gl.constexpr,
     HAS_A_LOG: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
-    a1_desc, kt_desc, aqk_desc, TMA_STORES: gl.constexpr,
+    a1_desc, kt_desc, aqk_desc,
 ):
     i_c = gl.program_id(0)
     i_hv = gl.program_id(1)
@@ -317,12 +318,8 @@ def _chunk_prepare_gluon_kernel(
     if NKB == 2:
         b_la = warpgroup_mma(pq_s.index(1), in_k.index(1).permute((1, 0)), b_la, is_async=True)
     for h in gl.static_range(NKB):
-        if TMA_STORES:
-            _tma_store(a1_desc, [2 * row1 + BT, h * KB], in_g.index(h))
-            _tma_store(kt_desc, [row1, h * KB], in_q.index(h))
-        else:
-            _store_rows(a1 + blk * (2 * BT * K) + BT * K + h * KB, K, in_g.index(h), BT, KB, L_ROWS)
-            _store_rows(kt + blk * (BT * K) + h * KB, K, in_q.index(h), BT, KB, L_ROWS)
+        _tma_store(a1_desc, [2 * row1 + BT, h * KB], in_g.index(h))
+        _tma_store(kt_desc, [row1, h * KB], in_q.index(h))
     b_la = warpgroup_mma_wait(0, deps=[b_la])
 
     # −L (rows 0..BT−1: j < i, times −β_i) and Aqk (rows BT..: j ≤ i, times the scale) in one tile: one
@@ -335,8 +332,7 @@ def _chunk_prepare_gluon_kernel(
     # T = (I + L)^-1 by block doubling (chunk_prepare.py), rows BT.. of the tile zero throughout. The
     # doubling's tiles share in_g and in_q: every thread must have copied Qg and Kt out first. Aqk (rows
     # BT.. of its tile) goes out through the q half of pq_s's first block, which no product reads again.
-    if TMA_STORES:
-        tma.store_wait(0)                            # the copies have read Qg and Kt
+    tma.store_wait(0)                                # the copies have read Qg and Kt
     _cta_barrier()
     aq_s = _view(pq_s, gl.bfloat16, [2 * NKB, 2 * BT, BT], sw_t).index(1)
     aq_s.store(b_x.to(gl.bfloat16))
@@ -355,10 +351,7 @@ def _chunk_prepare_gluon_kernel(
         ll_s.store(l_lo)
     fence_async_shared()
     _cta_barrier()
-    if TMA_STORES:
-        _tma_store(aqk_desc, [row1, 0], aq_s.slice(BT, BT))
-    else:
-        _store_rows(aqk + blk * (BT * BT), BT, aq_s.slice(BT, BT), BT, BT, L_BT)
+    _tma_store(aqk_desc, [row1, 0], aq_s.slice(BT, BT))
     if T_FP16:
         for lvl in gl.static_range(1, LOG2_BT):
             t_16 = b_t.to(gl.float16)
@@ -408,13 +401,8 @@ def _chunk_prepare_gluon_kernel(
     _w_block(0, e_r0, pq_s, lh_s, ll_s, in_q, BT, KB, acc)      # −W staged in in_q (T_b's tiles are free)
     if NKB == 2:
         _w_block(1, e_r1, pq_s, lh_s, ll_s, in_q, BT, KB, acc)
-    if TMA_STORES:
-        fence_async_shared()
+    fence_async_shared()
     _cta_barrier()
     for h in gl.static_range(NKB):
-        if TMA_STORES:
-            _tma_store(a1_desc, [2 * row1, h * KB], in_q.index(h))
-        else:
-            _store_rows(a1 + blk * (2 * BT * K) + h * KB, K, in_q.index(h), BT, KB, L_ROWS)
-    if TMA_STORES:
-        tma.store_wait(0)                            # shared memory stays until the copies have read it
+        _tma_store(a1_desc, [2 * row1, h * KB], in_q.index(h))
+    tma.store_wait(0)                                # shared memory stays until the copies have read it
