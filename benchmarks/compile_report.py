@@ -195,12 +195,10 @@ def _gluon_stage1_constexprs(D: int, varlen: bool, flags: bool = True, l2norm: b
 def gluon_stage1_types(D: int) -> dict:
     """Argument types of the Gluon stage 1's TMA descriptors (kernels._stage1_descriptors): bf16 blocks of BT
     rows, 128-byte swizzle for a1 and kt ([BT, 64]), 64-byte for aqk ([BT, BT])."""
-    from triton.experimental.gluon import language as gl
     BT = kernels.CHUNK_SIZE
 
     def desc(cols, swizzle):
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
-        return f"tensordesc<bf16[{BT},{cols}],{layout!r}>"
+        return f"tensordesc<bf16[{BT},{cols}],{kernels._nvmma_layout(swizzle)!r}>"
     return dict(a1_desc=desc(64, 128), kt_desc=desc(64, 128), aqk_desc=desc(BT, 64))
 
 
