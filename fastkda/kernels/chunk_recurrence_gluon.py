@@ -41,24 +41,24 @@ def _copy_tile(dst, base, R: gl.constexpr, C: gl.constexpr, row_stride, L: gl.co
 
 @gluon.jit
 def _issue_chunk_loads(c, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos, i_hv, i_v,
-                       w_s, q_s, kt_s, aqk_s, th_s, tl_s, v_s, g_s,
+                       w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, slot: gl.constexpr,
                        HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr,
                        L_K: gl.constexpr, L_T: gl.constexpr, L_V: gl.constexpr, L_G: gl.constexpr):
-    """Copies of chunk c's tiles into one ring slot. Past the last chunk the last chunk is copied again
-    (never read); an empty sequence copies its slot c_first, which exists (kernels/__init__.py)."""
+    """Copies of chunk c's tiles into slot `slot` of the ring buffers. Past the last chunk the last chunk is
+    copied again (never read); an empty sequence copies its slot c_first, which exists (kernels/__init__.py)."""
     c = gl.maximum(gl.minimum(c, n_chunks - 1), 0)
     blk = blk0 + c
-    _copy_tile(w_s, a1 + blk * (2 * BT * K), BT, K, K, L_K)
-    _copy_tile(q_s, a1 + blk * (2 * BT * K) + BT * K, BT, K, K, L_K)
-    _copy_tile(kt_s, kt + blk * (BT * K), BT, K, K, L_K)
-    _copy_tile(aqk_s, aqk + blk * (BT * BT), BT, BT, BT, L_T)
-    _copy_tile(th_s, tb + blk * (2 * BT * BT), BT, BT, BT, L_T)
-    _copy_tile(tl_s, tb + blk * (2 * BT * BT) + BT * BT, BT, BT, BT, L_T)
+    _copy_tile(w_r.index(slot), a1 + blk * (2 * BT * K), BT, K, K, L_K)
+    _copy_tile(q_r.index(slot), a1 + blk * (2 * BT * K) + BT * K, BT, K, K, L_K)
+    _copy_tile(kt_r.index(slot), kt + blk * (BT * K), BT, K, K, L_K)
+    _copy_tile(aqk_r.index(slot), aqk + blk * (BT * BT), BT, BT, BT, L_T)
+    _copy_tile(th_r.index(slot), tb + blk * (2 * BT * BT), BT, BT, BT, L_T)
+    _copy_tile(tl_r.index(slot), tb + blk * (2 * BT * BT) + BT * BT, BT, BT, BT, L_T)
     o_g = gl.arange(0, K, layout=L_G)
-    _cp_async(g_s, gl_ptr + ((c_first + c) * HV + i_hv) * K + o_g)
+    _cp_async(g_r.index(slot), gl_ptr + ((c_first + c) * HV + i_hv) * K + o_g)
     rv = bos + c * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, L_V))
     cv = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, L_V))
-    _cp_async(v_s, v + (rv * HV + i_hv)[:, None] * V + cv[None, :],           # rows past eos: zero-filled
+    _cp_async(v_r.index(slot), v + (rv * HV + i_hv)[:, None] * V + cv[None, :],           # rows past eos: zero-filled
               mask=(rv < eos)[:, None] & (cv < V)[None, :])
     async_copy.commit_group()
 
@@ -118,8 +118,7 @@ def _chunk_recurrence_gluon_kernel(
     blk0 = (i_hv * NC + c_first).to(gl.int64)
     for j in gl.static_range(STAGES - 1):
         _issue_chunk_loads(j, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos, i_hv, i_v,
-                           w_r.index(j), q_r.index(j), kt_r.index(j), aqk_r.index(j), th_r.index(j), tl_r.index(j), v_r.index(j), g_r.index(j),
-                           HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
+                           w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, j, HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
 
     # Sᵀ[vv, kk] = S[kk, vv] of this (sequence, head) sits at kk * s_state_k + vv * s_state_v.
     if HAS_H0:
@@ -142,8 +141,8 @@ def _chunk_recurrence_gluon_kernel(
                 # Refill chunk c − 1's slot (all its readers waited) with chunk c + 2: two chunks of lead.
                 jn: gl.constexpr = (j + STAGES - 1) % STAGES
                 _issue_chunk_loads(c + STAGES - 1, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos,
-                                   i_hv, i_v, w_r.index(jn), q_r.index(jn), kt_r.index(jn), aqk_r.index(jn), th_r.index(jn), tl_r.index(jn), v_r.index(jn),
-                                   g_r.index(jn), HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
+                                   i_hv, i_v, w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, jn,
+                                   HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
 
                 # Sᵀ in bf16 as a register operand (the accumulator layout is already the operand layout);
                 # formed before any product is in flight, so ptxas needs no wait to protect its registers.
@@ -157,7 +156,8 @@ def _chunk_recurrence_gluon_kernel(
                 b_u, b_sa = warpgroup_mma_wait(1, deps=[b_u, b_sa])  # Uᵀ done; Pᵀ may still be in flight
                 b_ub = b_u.to(gl.bfloat16)
                 b_gl = g_r.index(j).load(gl.SliceLayout(0, acc_k))
-                b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_r.index(j), b_st * gl.expand_dims(b_gl, 0), is_async=True)
+                b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_r.index(j), b_st * gl.expand_dims(b_gl, 0),
+                                     is_async=True)
                 b_o = warpgroup_mma(gl.convert_layout(b_ub, a_t), aqk_r.index(j).permute((1, 0)), b_p, is_async=True)
                 b_st, b_o = warpgroup_mma_wait(0, deps=[b_st, b_o])
                 o_s.store(gl.permute(b_o.to(o.dtype.element_ty), (1, 0)))
