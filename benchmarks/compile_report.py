@@ -186,11 +186,10 @@ def launcher_configurations(D: int = 64):
            gluon_stage1_types(D))
 
 
-def _gluon_stage1_constexprs(D: int, varlen: bool, flags: bool = True, l2norm: bool = True,
-                             stream: bool = False) -> dict:
+def _gluon_stage1_constexprs(D: int, varlen: bool, flags: bool = True, l2norm: bool = True) -> dict:
     BT = kernels.CHUNK_SIZE
     return dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=l2norm, USE_GATE=flags,
-                USE_BETA_SIGMOID=flags, HAS_A_LOG=flags, HAS_DT_BIAS=flags, HV_PER_H=1, STREAM=stream)
+                USE_BETA_SIGMOID=flags, HAS_A_LOG=flags, HAS_DT_BIAS=flags, HV_PER_H=1)
 
 
 def gluon_stage1_types(D: int) -> dict:
@@ -200,7 +199,7 @@ def gluon_stage1_types(D: int) -> dict:
 
     def desc(cols, swizzle):
         return f"tensordesc<bf16[{BT},{cols}],{kernels._nvmma_layout(swizzle)!r}>"
-    return dict(a1_desc=desc(64, 128), kt_desc=desc(64, 128), aqk_desc=desc(BT, 64), flags="*i32", n_items="i32")
+    return dict(a1_desc=desc(64, 128), kt_desc=desc(64, 128), aqk_desc=desc(BT, 64))
 
 
 def check_all(D: int) -> int:

@@ -43,10 +43,6 @@ STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, T
 STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
 STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
 STAGE1_GLUON_MAXNREG = 96    # five Gluon stage-1 programs per SM (43 KB of shared memory each)
-STREAM = True        # Hopper, bf16: stage 2 starts behind a persistent stage 1 and follows it chunk by chunk
-STREAM_STAGE1_PER_SM = 2       # persistent stage-1 programs per SM, beside one stage-2 program
-STREAM_POLL_NS = 200            # stage 2's sleep between polls of a chunk's flag
-STREAM_STAGE1_MAXNREG = 128    # their registers: 2 x 128 x 128 + one stage 2 (128 x 256) = 64 K, the SM's file
 ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
                          # (N² comparisons in one program; a power of two); beyond, sorted by torch
 
@@ -69,7 +65,6 @@ class Stage1(NamedTuple):
     seq_order: Optional[torch.Tensor]   # packed sequences, longest first (stage 2's program order)
     n_chunks: int   # chunk slots = stage-1 programs along the chunk axis (an upper bound with cu_seqlens)
     N: int          # sequences
-    flags: Optional[torch.Tensor] = None   # streaming: flags[chunk slot · HV + head] = 1 once written
 
 
 def _interpreting() -> bool:
@@ -114,10 +109,8 @@ def longest_first(cu_seqlens: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm,
-                   use_gate, use_beta_sigmoid, stream: bool = False) -> Stage1:
-    """Stage 0 and stage 1: allocate and fill the per-chunk tensors. With ``stream`` (the Gluon stage 1
-    only: stream_applies) stage 1 runs as a persistent grid that publishes each chunk as it is written, and
-    run_recurrence must be called next, on the same stream."""
+                   use_gate, use_beta_sigmoid) -> Stage1:
+    """Stage 0 and stage 1: allocate and fill the per-chunk tensors."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     T_total = B * T
@@ -139,9 +132,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
                 aqk=torch.empty(HV, slots, BT, BT, dtype=sdt, device=device),
                 kt=torch.empty(HV, slots, BT, K, dtype=sdt, device=device),
                 gl=torch.empty(slots, HV, K, dtype=torch.float32, device=device),
-                chunk_offsets=chunk_offsets, seq_order=seq_order, n_chunks=n_chunks, N=N,
-                flags=torch.zeros(slots * HV, dtype=torch.int32, device=device) if stream and n_chunks * N > 0
-                else None)
+                chunk_offsets=chunk_offsets, seq_order=seq_order, n_chunks=n_chunks, N=N)
     if n_chunks > 0 and N > 0:
         # Both stage-1 kernels take the same arguments; each adds its own compile-time settings.
         grid = (n_chunks, HV)
@@ -150,13 +141,7 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
         common = dict(K=K, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm,
                       USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid, HAS_A_LOG=A_log is not None,
                       HAS_DT_BIAS=dt_bias is not None)
-        if st.flags is not None:
-            from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
-            n_items = n_chunks * HV
-            _chunk_prepare_gluon_kernel[(min(n_items, STREAM_STAGE1_PER_SM * _sm_count(device)),)](
-                *args, **common, HV_PER_H=HV // H, **_stage1_descriptors(st, K, BT), flags=st.flags,
-                n_items=n_items, STREAM=True, num_warps=4, maxnreg=STREAM_STAGE1_MAXNREG)
-        elif gluon_stage1_applies(q, k, g):
+        if gluon_stage1_applies(q, k, g):
             from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
             _chunk_prepare_gluon_kernel[grid](
                 *args, **common, HV_PER_H=HV // H, **_stage1_descriptors(st, K, BT), num_warps=4,  # one warpgroup
@@ -210,18 +195,6 @@ def gluon_stage1_applies(q, k, g) -> bool:
             and _is_hopper(q.device))
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def stream_applies(q, k, g, v) -> bool:
-    """Both Gluon stages apply (bf16 stage tensors follow from bf16 inputs): stage 2 can follow a persistent
-    stage 1 chunk by chunk, reading its tensors while they are still in L2."""
-    return (STREAM and gluon_stage1_applies(q, k, g) and v.dtype == torch.bfloat16 and _aligned16(v)
-            and STAGE2_GLUON)
-
-
 def gluon_stage2_applies(st: Stage1, v) -> bool:
     """The Gluon stage 2 covers bf16 stage tensors and values on Hopper (sm_90); elsewhere, and under the CPU
     interpreter (which cannot run Gluon), the Triton stage 2 runs."""
@@ -256,14 +229,7 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
             st.seq_order, T, st.a1.shape[1], s_state_k, s_state_v, HV)
     common = dict(K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=cu_seqlens is not None,
                   HAS_H0=initial_state is not None, STORE_HT=final_state is not None, num_warps=STAGE2_WARPS)
-    if st.flags is not None:
-        # Launched while the persistent stage 1 runs (it allows it at its start: programmatic dependent launch);
-        # each program waits for each chunk's flag.
-        from .chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
-        _chunk_recurrence_gluon_kernel[grid](*args, **common, **_gluon_layouts(K, BV, CHUNK_SIZE), flags=st.flags,
-                                             STREAM=True, POLL_SLEEP=f"nanosleep.u32 {STREAM_POLL_NS};",
-                                             launch_pdl=True)
-    elif gluon_stage2_applies(st, v):
+    if gluon_stage2_applies(st, v):
         from .chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
         _chunk_recurrence_gluon_kernel[grid](*args, **common, **_gluon_layouts(K, BV, CHUNK_SIZE))
     else:
@@ -289,6 +255,6 @@ def kda_forward(
     """Run the two-stage Triton forward; writes ``out`` and ``final_state`` (if given)."""
     st = prepare_chunks(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
                         cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, use_gate=use_gate,
-                        use_beta_sigmoid=use_beta_sigmoid, stream=stream_applies(q, k, g, v))
+                        use_beta_sigmoid=use_beta_sigmoid)
     run_recurrence(st, v, out=out, initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
                    state_v_first=state_v_first)

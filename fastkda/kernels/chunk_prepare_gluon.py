@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
-from .chunk_recurrence_gluon import _cp_async, _cta_barrier, _grid_dependency
+from .chunk_recurrence_gluon import _cp_async, _cta_barrier
 
 # A TMA bulk store of a shared tile: `async_copy_shared_to_global` up to Triton 3.6, `async_store` later.
 _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
@@ -175,17 +175,6 @@ def _w_block(h, e_r, pq_s, tbh_s, tbl_s, w_s, BT: gl.constexpr, KB: gl.constexpr
 
 
 @gluon.jit
-def _publish(flag):
-    """Mark a chunk's stage-1 tensors ready for the streaming stage 2 (chunk_recurrence_gluon._await_flag).
-    Its bulk stores have completed (tma.store_wait before this); each thread fences its own stores (the bulk
-    stores' proxy too) at GPU scope, the barrier gathers them, and one release sets the flag."""
-    gl.inline_asm_elementwise("fence.proxy.async.global; fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-    _cta_barrier()
-    gl.atomic_xchg(flag, 1, sem="release", scope="gpu")
-
-
-@gluon.jit
 def _chunk_prepare_gluon_kernel(
     q, k, g, beta, A_log, dt_bias,
     a1, tb, aqk, kt, gl_ptr,                          # a1, aqk, kt: written through the descriptors below
@@ -196,15 +185,33 @@ def _chunk_prepare_gluon_kernel(
     IS_VARLEN: gl.constexpr, USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, USE_BETA_SIGMOID: gl.constexpr,
     HAS_A_LOG: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
     a1_desc, kt_desc, aqk_desc,
-    flags=None, n_items=0, STREAM: gl.constexpr = False,
 ):
-    """One chunk per program (grid (chunks, HV)); with STREAM a persistent grid takes the chunks in order,
-    chunk-major with heads inner, and sets flags[chunk · HV + head] after each, for the streaming stage 2
-    (kernels/__init__.py) launched behind it."""
+    i_c = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    i_h = i_hv // HV_PER_H                           # a compile-time divisor: a shift, not a division
+    if IS_VARLEN:
+        t0 = gl.load(chunk_rows + 2 * i_c)
+        eos = gl.load(chunk_rows + 2 * i_c + 1)
+    else:
+        NT = gl.cdiv(T, BT)
+        eos = (i_c // NT + 1) * T
+        t0 = eos - T + (i_c % NT) * BT
+    blk = (i_hv * NC + i_c).to(gl.int64)
+    row1 = (i_hv * NC + i_c) * BT                   # the chunk's first row in kt, aqk (2-D views; a1: twice)
+
     # Channels in blocks of KB = 64 (NKB = K / 64 blocks), one after the other: the element-wise work of one
-    # block at a time keeps the register peak low enough for more programs per SM.
+    # block at a time keeps the register peak low enough for more programs per SM. Accumulators with N = BT
+    # columns (one warpgroup), 64 rows: channel-major tiles [KB, BT] and the chunk matrices [2·BT, BT]
+    # (rows 0..BT−1: L, then T; rows BT..2·BT−1: Aqk, zero in T).
     KB: gl.constexpr = 64
     NKB: gl.constexpr = K // KB
+    acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    per_row: gl.constexpr = gl.SliceLayout(1, acc)       # a channel of [KB, BT]; a row of [2·BT, BT]
+    per_col: gl.constexpr = gl.SliceLayout(0, acc)       # a token
+    L_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (KB // 8), KB // 8], [4, 1], [1, 0])  # 16-byte rows
+    L_BT: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])    # of BT columns
+    L_TOK: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])                                  # a token per lane
     sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
     # The chunk's g, k, q rows land in in_g, in_k, in_q, which later hold Qg, k̂⊙e^{r−G} and Kt, then −W
@@ -227,53 +234,6 @@ def _chunk_prepare_gluon_kernel(
     else:
         l_s = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)
         t_s = gl.allocate_shared_memory(t_dt, [2, 2 * BT, BT], sw_t)
-    if STREAM:
-        _grid_dependency("griddepcontrol.launch_dependents;")   # the stage 2 behind may start now
-        for it in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            _prepare_chunk_call(it // HV, it % HV, q, k, g, beta, A_log, dt_bias, tb, gl_ptr, chunk_rows, T, NC, scale,
-                           lower_bound, H, HV, K, HV_PER_H, BT, LOG2_BT, IS_VARLEN, USE_L2NORM, USE_GATE,
-                           USE_BETA_SIGMOID, HAS_A_LOG, HAS_DT_BIAS, a1_desc, kt_desc, aqk_desc,
-                           in_g, in_k, in_q, pq_s, ap_s, l_s, t_s)
-            _publish(flags + it)
-    else:
-        _prepare_chunk(gl.program_id(0), gl.program_id(1), q, k, g, beta, A_log, dt_bias, tb, gl_ptr, chunk_rows,
-                       T, NC, scale, lower_bound, H, HV, K, HV_PER_H, BT, LOG2_BT, IS_VARLEN, USE_L2NORM, USE_GATE,
-                       USE_BETA_SIGMOID, HAS_A_LOG, HAS_DT_BIAS, a1_desc, kt_desc, aqk_desc,
-                       in_g, in_k, in_q, pq_s, ap_s, l_s, t_s)
-
-
-def _prepare_chunk_fn(
-    i_c, i_hv, q, k, g, beta, A_log, dt_bias, tb, gl_ptr, chunk_rows, T, NC, scale, lower_bound,
-    H, HV, K: gl.constexpr, HV_PER_H: gl.constexpr, BT: gl.constexpr, LOG2_BT: gl.constexpr,
-    IS_VARLEN: gl.constexpr, USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, USE_BETA_SIGMOID: gl.constexpr,
-    HAS_A_LOG: gl.constexpr, HAS_DT_BIAS: gl.constexpr, a1_desc, kt_desc, aqk_desc,
-    in_g, in_k, in_q, pq_s, ap_s, l_s, t_s,
-):
-    """Chunk i_c of value head i_hv, in the kernel's shared buffers."""
-    i_h = i_hv // HV_PER_H                           # a compile-time divisor: a shift, not a division
-    if IS_VARLEN:
-        t0 = gl.load(chunk_rows + 2 * i_c)
-        eos = gl.load(chunk_rows + 2 * i_c + 1)
-    else:
-        NT = gl.cdiv(T, BT)
-        eos = (i_c // NT + 1) * T
-        t0 = eos - T + (i_c % NT) * BT
-    blk = (i_hv * NC + i_c).to(gl.int64)
-    row1 = (i_hv * NC + i_c) * BT                   # the chunk's first row in kt, aqk (2-D views; a1: twice)
-
-    # Accumulators with N = BT columns (one warpgroup), 64 rows: channel-major tiles [KB, BT] and the chunk
-    # matrices [2·BT, BT] (rows 0..BT−1: L, then T; rows BT..2·BT−1: Aqk, zero in T).
-    KB: gl.constexpr = 64
-    NKB: gl.constexpr = K // KB
-    T_FP16: gl.constexpr = USE_L2NORM & USE_GATE & USE_BETA_SIGMOID
-    acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
-    per_row: gl.constexpr = gl.SliceLayout(1, acc)       # a channel of [KB, BT]; a row of [2·BT, BT]
-    per_col: gl.constexpr = gl.SliceLayout(0, acc)       # a token
-    L_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (KB // 8), KB // 8], [4, 1], [1, 0])  # 16-byte rows
-    L_BT: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])    # of BT columns
-    L_TOK: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])                                  # a token per lane
-    sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
     lh_s = l_s.index(0)          # [2·BT, BT] tiles (rows BT.. zero); the products read rows 0..BT−1
     ll_s = l_s.index(1)
     th_s = t_s.index(0)
@@ -446,9 +406,3 @@ def _prepare_chunk_fn(
     for h in gl.static_range(NKB):
         _tma_store(a1_desc, [2 * row1, h * KB], in_q.index(h))
     tma.store_wait(0)                                # shared memory stays until the copies have read it
-
-
-# Inlined into the one-chunk program; a called function in the persistent loop, where inlining lets the
-# compiler hoist the chunk's index vectors and masks out of the loop and spill them (96 registers).
-_prepare_chunk = gluon.jit(_prepare_chunk_fn)
-_prepare_chunk_call = gluon.jit(noinline=True)(_prepare_chunk_fn)

@@ -40,33 +40,13 @@ def _copy_tile(dst, base, R: gl.constexpr, C: gl.constexpr, row_stride, L: gl.co
 
 
 @gluon.jit
-def _grid_dependency(asm: gl.constexpr):
-    """One griddepcontrol instruction (programmatic dependent launch; no operands, no result)."""
-    gl.inline_asm_elementwise(asm + " // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _await_flag(flag, POLL_SLEEP: gl.constexpr):
-    """Spin until the streaming stage 1 has published this chunk (chunk_prepare_gluon._publish), then order
-    the copies that follow after the flag (acquire). Between polls the warps sleep (POLL_SLEEP, a nanosleep
-    instruction), so as not to take issue slots from the stage-1 programs on the same SM."""
-    while gl.load(flag, volatile=True) == 0:
-        _grid_dependency(POLL_SLEEP)
-    gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _issue_chunk_loads(c, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos, i_hv, i_v,
                        w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, slot: gl.constexpr,
                        HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr,
-                       L_K: gl.constexpr, L_T: gl.constexpr, L_V: gl.constexpr, L_G: gl.constexpr,
-                       flags, STREAM: gl.constexpr, POLL_SLEEP: gl.constexpr):
+                       L_K: gl.constexpr, L_T: gl.constexpr, L_V: gl.constexpr, L_G: gl.constexpr):
     """Copies of chunk c's tiles into slot `slot` of the ring buffers. Past the last chunk the last chunk is
-    copied again (never read); an empty sequence copies its slot c_first, which exists (kernels/__init__.py).
-    With STREAM the stage 1 is still running: wait for the chunk's flag first."""
+    copied again (never read); an empty sequence copies its slot c_first, which exists (kernels/__init__.py)."""
     c = gl.maximum(gl.minimum(c, n_chunks - 1), 0)
-    if STREAM:
-        _await_flag(flags + (c_first + c) * HV + i_hv, POLL_SLEEP)
     blk = blk0 + c
     _copy_tile(w_r.index(slot), a1 + blk * (2 * BT * K), BT, K, K, L_K)
     _copy_tile(q_r.index(slot), a1 + blk * (2 * BT * K) + BT * K, BT, K, K, L_K)
@@ -93,7 +73,6 @@ def _chunk_recurrence_gluon_kernel(
     HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr,
     IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
     L_K: gl.constexpr, L_T: gl.constexpr, L_V: gl.constexpr, L_G: gl.constexpr, L_O: gl.constexpr,
-    flags=None, STREAM: gl.constexpr = False, POLL_SLEEP: gl.constexpr = "nanosleep.u32 200;",
 ):
     STAGES: gl.constexpr = 3
     i_v = gl.program_id(0)
@@ -139,8 +118,7 @@ def _chunk_recurrence_gluon_kernel(
     blk0 = (i_hv * NC + c_first).to(gl.int64)
     for j in gl.static_range(STAGES - 1):
         _issue_chunk_loads(j, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos, i_hv, i_v,
-                           w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, j, HV, K, V, BV, BT, L_K, L_T, L_V, L_G,
-                           flags, STREAM, POLL_SLEEP)
+                           w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, j, HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
 
     # Sᵀ[vv, kk] = S[kk, vv] of this (sequence, head) sits at kk * s_state_k + vv * s_state_v.
     if HAS_H0:
@@ -164,7 +142,7 @@ def _chunk_recurrence_gluon_kernel(
                 jn: gl.constexpr = (j + STAGES - 1) % STAGES
                 _issue_chunk_loads(c + STAGES - 1, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos,
                                    i_hv, i_v, w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, jn,
-                                   HV, K, V, BV, BT, L_K, L_T, L_V, L_G, flags, STREAM, POLL_SLEEP)
+                                   HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
 
                 # Sᵀ in bf16 as a register operand (the accumulator layout is already the operand layout);
                 # formed before any product is in flight, so ptxas needs no wait to protect its registers.
@@ -189,10 +167,6 @@ def _chunk_recurrence_gluon_kernel(
                          mask=(rows < eos)[:, None])
 
     async_copy.wait_group(0)
-    if STREAM:
-        # Leave only after the whole stage 1 has finished, so that work behind this kernel in the stream also
-        # runs after it (the stage 1 started this grid early: programmatic dependent launch).
-        _grid_dependency("griddepcontrol.wait;")
     if STORE_HT:
         o_vs = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, acc_k))
         o_ks = gl.arange(0, K, layout=gl.SliceLayout(0, acc_k))
