@@ -174,11 +174,13 @@ def test_problems_beyond_32_bit_offsets_are_rejected_before_any_launch():
 
 
 @pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
-def test_chunk_tables_of_packed_sequences(cu_dtype):
+@pytest.mark.parametrize("long", [False, True])
+def test_chunk_tables_of_packed_sequences(cu_dtype, long):
     # Stage 1 finds its rows in these tables; every slot must name its sequence's range, and slots past the
     # last chunk an empty one (stage 1 then writes zeros there), including the slot after the last chunk.
+    # `long`: more slots than the tables kernel handles in one pass (RBLOCK = 1024).
     from fastkda.kernels import CHUNK_SIZE as BT, chunk_tables
-    lens = [0, 1, BT, BT + 1, 0, 3 * BT, 5, 0]
+    lens = [0, 1, BT, BT + 1, 0, 3 * BT, 5, 0] + ([700 * BT + 3, 9, 500 * BT] if long else [])
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=cu_dtype, device=DEVICE)
     slots, offsets, rows, _ = chunk_tables(cu, sum(lens))
     expect_rows, expect_offsets, start = [], [0], 0
@@ -188,6 +190,8 @@ def test_chunk_tables_of_packed_sequences(cu_dtype):
         expect_offsets.append(expect_offsets[-1] + chunks)
         start += n
     assert slots == -(-sum(lens) // BT) + len(lens) and slots > len(expect_rows)
+    if long:
+        assert slots > 1024
     assert offsets.cpu().tolist() == expect_offsets
     pairs = rows.cpu().view(-1, 2).tolist()
     assert [tuple(p) for p in pairs[:len(expect_rows)]] == expect_rows

@@ -1,8 +1,8 @@
 """Triton launcher for the KDA forward: two kernels, no host-device synchronisation.
 
-    stage 0 (varlen only)  _chunk_offsets_kernel      chunk offsets of the packed sequences and their
-                                                      longest-first order (1 program)
-                           _chunk_rows_kernel         token range of every chunk slot
+    stage 0 (varlen only)  _chunk_tables_kernel       chunk offsets of the packed sequences, their
+                                                      longest-first order and the token range of every
+                                                      chunk slot (1 program)
     stage 1                _chunk_prepare_gluon_kernel (Hopper, bf16 inputs; chunk_prepare_gluon.py)
                            or _chunk_prepare_kernel (elsewhere; chunk_prepare.py)
                                                       per (chunk, value head): a1, tb, aqk, kt, gl
@@ -23,6 +23,7 @@ Arguments are assumed checked (fastkda.checks); this module only allocates the s
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import NamedTuple, Optional
 
@@ -31,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..checks import check_index_range
-from .chunk_prepare import _chunk_offsets_kernel, _chunk_prepare_kernel, _chunk_rows_kernel
+from .chunk_prepare import _chunk_prepare_kernel, _chunk_tables_kernel
 from .chunk_recurrence import _chunk_recurrence_kernel
 
 CHUNK_SIZE = 32      # BT: tokens per chunk (a power of two, 16 or 32: chunk_prepare.py gives the bound)
@@ -79,21 +80,20 @@ def chunk_tables(cu_seqlens: torch.Tensor, T_total: int):
     slot where an empty sequence would start exists (stage 2 prefetches from it); ``chunk_offsets[n]`` = first
     chunk slot of sequence n (N + 1 entries); ``chunk_rows[2c], chunk_rows[2c + 1]`` = first token and end of
     the sequence of slot c, an empty range for slots past the last chunk; ``seq_order`` = the sequences
-    longest first (longest_first), ranked in the chunk-offsets kernel for up to ORDER_IN_KERNEL sequences.
+    longest first (longest_first), ranked in the tables kernel for up to ORDER_IN_KERNEL sequences. One
+    allocation and one launch: each costs host time on every packed call (docs/perf-notes.md, session 10).
     """
     N = cu_seqlens.numel() - 1
     BT = CHUNK_SIZE
     slots = triton.cdiv(T_total, BT) + N
-    chunk_offsets = torch.empty(N + 1, dtype=torch.int32, device=cu_seqlens.device)
+    tables = torch.empty(2 * N + 1 + 2 * slots, dtype=torch.int32, device=cu_seqlens.device)
+    chunk_offsets, seq_order, chunk_rows = tables[:N + 1], tables[N + 1:2 * N + 1], tables[2 * N + 1:]
     in_kernel = N <= ORDER_IN_KERNEL
-    seq_order = torch.empty(N, dtype=torch.int32, device=cu_seqlens.device) if in_kernel else None
-    _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, seq_order, N, BT=BT, BLOCK=1024, ORDER=in_kernel,
-                                NBLOCK=max(ORDER_IN_KERNEL, 16), JBLOCK=16)   # one compiled variant for any N
+    _chunk_tables_kernel[(1,)](cu_seqlens, chunk_offsets, seq_order, chunk_rows, N, slots, max(1, N.bit_length()),
+                               BT=BT, BLOCK=1024, ORDER=in_kernel, NBLOCK=max(ORDER_IN_KERNEL, 16), JBLOCK=16,
+                               RBLOCK=1024)   # one compiled variant for any N
     if not in_kernel:
         seq_order = longest_first(cu_seqlens)
-    chunk_rows = torch.empty(2 * slots, dtype=torch.int32, device=cu_seqlens.device)
-    _chunk_rows_kernel[(triton.cdiv(slots, 256),)](cu_seqlens, chunk_offsets, chunk_rows, N, slots,
-                                                    max(1, N.bit_length()), BT=BT, BLOCK=256)
     return slots, chunk_offsets, chunk_rows, seq_order
 
 
@@ -127,12 +127,10 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
         chunk_offsets = chunk_rows = seq_order = None
     sdt = stage_dtype(q.dtype)
     slots = max(n_chunks, 1)
-    st = Stage1(a1=torch.empty(HV, slots, 2 * BT, K, dtype=sdt, device=device),
-                tb=torch.empty(HV, slots, 2 * BT, BT, dtype=sdt, device=device),
-                aqk=torch.empty(HV, slots, BT, BT, dtype=sdt, device=device),
-                kt=torch.empty(HV, slots, BT, K, dtype=sdt, device=device),
-                gl=torch.empty(slots, HV, K, dtype=torch.float32, device=device),
-                chunk_offsets=chunk_offsets, seq_order=seq_order, n_chunks=n_chunks, N=N)
+    a1, tb, aqk, kt, gl = _carve(device, (sdt, (HV, slots, 2 * BT, K)), (sdt, (HV, slots, 2 * BT, BT)),
+                                 (sdt, (HV, slots, BT, BT)), (sdt, (HV, slots, BT, K)), (torch.float32, (slots, HV, K)))
+    st = Stage1(a1=a1, tb=tb, aqk=aqk, kt=kt, gl=gl, chunk_offsets=chunk_offsets, seq_order=seq_order,
+                n_chunks=n_chunks, N=N)
     if n_chunks > 0 and N > 0:
         # Both stage-1 kernels take the same arguments; each adds its own compile-time settings.
         grid = (n_chunks, HV)
@@ -154,6 +152,18 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
                 num_warps=STAGE1_WARPS, num_stages=1,
                 **({} if STAGE1_MAXNREG is None else {"maxnreg": STAGE1_MAXNREG}))
     return st
+
+
+def _carve(device, *specs):
+    """Contiguous tensors of the given (dtype, shape)s, views of one allocation (one allocator call instead of
+    one per tensor: host time on every call). Each starts at a multiple of 16 bytes (TMA, cp.async)."""
+    sizes = [(math.prod(shape) * dt.itemsize + 15) // 16 * 16 for dt, shape in specs]
+    buf = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+    out, at = [], 0
+    for (dt, shape), size in zip(specs, sizes):
+        out.append(buf[at:at + math.prod(shape) * dt.itemsize].view(dt).view(shape))
+        at += size
+    return out
 
 
 def _stage1_descriptors(st: Stage1, K: int, BT: int) -> dict:

@@ -47,14 +47,22 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _chunk_offsets_kernel(cu_seqlens, chunk_offsets, seq_order, N, BT: tl.constexpr, BLOCK: tl.constexpr,
-                          ORDER: tl.constexpr, NBLOCK: tl.constexpr, JBLOCK: tl.constexpr):
-    """chunk_offsets[0] = 0, chunk_offsets[n + 1] = number of BT-chunks in sequences 0..n (one program).
+def _chunk_tables_kernel(cu_seqlens, chunk_offsets, seq_order, chunk_rows, N, n_slots, search_steps,
+                         BT: tl.constexpr, BLOCK: tl.constexpr, ORDER: tl.constexpr, NBLOCK: tl.constexpr,
+                         JBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    """The chunk bookkeeping of packed sequences, in one program (every launch costs host time on each call:
+    ~50 µs on the H200's host, docs/perf-notes.md, session 10):
+
+    chunk_offsets[0] = 0, chunk_offsets[n + 1] = number of BT-chunks in sequences 0..n.
 
     With ORDER (N <= NBLOCK) also seq_order, the sequences by decreasing length with ties in packed order
     (stage 2's program order; kernels.longest_first sorts for larger N): sequence n goes to position
     #{m: len_m > len_n} + #{m < n: len_m = len_n}, counted JBLOCK sequences m at a time. Here rather than
-    in a sort of its own: a sort is extra launches on every packed call (measured on the H200: ~15 µs)."""
+    in a sort of its own: a sort is extra launches on every packed call (measured on the H200: ~15 µs).
+
+    chunk_rows[2 c], chunk_rows[2 c + 1] = first token and end of the sequence of chunk slot c (slots past the
+    last chunk get an empty range): one lookup table, so that each stage-1 program finds its rows with one
+    load instead of a binary search of dependent loads."""
     tl.store(chunk_offsets, 0)
     carry = 0
     for start in range(0, N, BLOCK):
@@ -81,29 +89,23 @@ def _chunk_offsets_kernel(cu_seqlens, chunk_offsets, seq_order, N, BT: tl.conste
                                                          & (oj[None, :] < o[:, None]))
             rank += tl.sum(ahead.to(tl.int32), 1)
         tl.store(seq_order + rank, o, mask=m)
-
-
-@triton.jit
-def _chunk_rows_kernel(cu_seqlens, chunk_offsets, chunk_rows, N, n_slots, search_steps, BT: tl.constexpr,
-                       BLOCK: tl.constexpr):
-    """chunk_rows[2 c], chunk_rows[2 c + 1] = first token and end of the sequence of chunk slot c (slots past
-    the last chunk get an empty range). One lookup table, so that each stage-1 program finds its rows with one
-    load instead of a binary search of dependent loads (measured on the H200: no faster, no slower; kept as
-    the simpler stage 1)."""
-    c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    lo = tl.zeros([BLOCK], dtype=tl.int32)
-    hi = tl.zeros([BLOCK], dtype=tl.int32) + (N - 1)
-    for _ in range(search_steps):  # largest n with chunk_offsets[n] <= c
-        mid = (lo + hi + 1) // 2
-        ok = tl.load(chunk_offsets + mid) <= c
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    used = c < tl.load(chunk_offsets + N)
-    t0 = tl.load(cu_seqlens + lo).to(tl.int32) + (c - tl.load(chunk_offsets + lo)) * BT
-    eos = tl.load(cu_seqlens + lo + 1).to(tl.int32)
-    m = c < n_slots
-    tl.store(chunk_rows + 2 * c, tl.where(used, t0, 0), mask=m)
-    tl.store(chunk_rows + 2 * c + 1, tl.where(used, eos, 0), mask=m)
+    tl.debug_barrier()                               # chunk_offsets, written above by every thread, read below
+    n_used = tl.load(chunk_offsets + N)
+    for s0 in range(0, n_slots, RBLOCK):
+        c = s0 + tl.arange(0, RBLOCK)
+        lo = tl.zeros([RBLOCK], dtype=tl.int32)
+        hi = tl.zeros([RBLOCK], dtype=tl.int32) + (N - 1)
+        for _ in range(search_steps):  # largest n with chunk_offsets[n] <= c
+            mid = (lo + hi + 1) // 2
+            ok = tl.load(chunk_offsets + mid) <= c
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid - 1)
+        used = c < n_used
+        t0 = tl.load(cu_seqlens + lo).to(tl.int32) + (c - tl.load(chunk_offsets + lo)) * BT
+        eos = tl.load(cu_seqlens + lo + 1).to(tl.int32)
+        m = c < n_slots
+        tl.store(chunk_rows + 2 * c, tl.where(used, t0, 0), mask=m)
+        tl.store(chunk_rows + 2 * c + 1, tl.where(used, eos, 0), mask=m)
 
 
 @triton.jit
