@@ -29,7 +29,7 @@ from triton.compiler import ASTSource, compile as triton_compile
 
 from fastkda import kernels
 from ncu_lines import parse_sass      # benchmarks/ is the script's own folder, hence on sys.path
-from fastkda.kernels.chunk_prepare import _chunk_prepare_kernel
+from fastkda.kernels.chunk_prepare import _chunk_prepare_kernel, _chunk_tables_kernel
 from fastkda.kernels.chunk_recurrence import _chunk_recurrence_kernel
 
 RUNTIME_TYPES = {
@@ -154,6 +154,11 @@ def launcher_configurations(D: int = 64):
 
     BT = kernels.CHUNK_SIZE
     tensors = ("a1", "tb", "aqk", "kt")
+    # Stage 0 (packed sequences), as chunk_tables launches it: its order part is compiled in or not.
+    for order in (True, False):
+        yield (f"stage 0, chunk tables{'' if order else ', order sorted outside'}", _chunk_tables_kernel,
+               dict(BT=BT, BLOCK=1024, ORDER=order, NBLOCK=max(kernels.ORDER_IN_KERNEL, 16), JBLOCK=16, RBLOCK=1024),
+               4, 1, None, ASTSource, dict(n_slots="i32"))
     for dt, mm in (("bf16", tl.bfloat16), ("fp32", tl.float32)):
         consts = dict(K=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=True, USE_L2NORM=True, USE_GATE=True,
                       USE_BETA_SIGMOID=True, HAS_A_LOG=True, HAS_DT_BIAS=True, DOT_PRECISION="tf32",

@@ -92,20 +92,20 @@ def _chunk_tables_kernel(cu_seqlens, chunk_offsets, seq_order, chunk_rows, N, n_
     tl.debug_barrier()                               # chunk_offsets, written above by every thread, read below
     n_used = tl.load(chunk_offsets + N)
     for s0 in range(0, n_slots, RBLOCK):
-        c = s0 + tl.arange(0, RBLOCK)
-        lo = tl.zeros([RBLOCK], dtype=tl.int32)
-        hi = tl.zeros([RBLOCK], dtype=tl.int32) + (N - 1)
-        for _ in range(search_steps):  # largest n with chunk_offsets[n] <= c
-            mid = (lo + hi + 1) // 2
-            ok = tl.load(chunk_offsets + mid) <= c
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid - 1)
-        used = c < n_used
-        t0 = tl.load(cu_seqlens + lo).to(tl.int32) + (c - tl.load(chunk_offsets + lo)) * BT
-        eos = tl.load(cu_seqlens + lo + 1).to(tl.int32)
-        m = c < n_slots
-        tl.store(chunk_rows + 2 * c, tl.where(used, t0, 0), mask=m)
-        tl.store(chunk_rows + 2 * c + 1, tl.where(used, eos, 0), mask=m)
+        slot = s0 + tl.arange(0, RBLOCK)
+        first = tl.zeros([RBLOCK], dtype=tl.int32)
+        last = tl.zeros([RBLOCK], dtype=tl.int32) + (N - 1)
+        for _ in range(search_steps):  # largest n with chunk_offsets[n] <= slot
+            mid = (first + last + 1) // 2
+            ok = tl.load(chunk_offsets + mid) <= slot
+            first = tl.where(ok, mid, first)
+            last = tl.where(ok, last, mid - 1)
+        used = slot < n_used
+        t0 = tl.load(cu_seqlens + first).to(tl.int32) + (slot - tl.load(chunk_offsets + first)) * BT
+        eos = tl.load(cu_seqlens + first + 1).to(tl.int32)
+        in_table = slot < n_slots
+        tl.store(chunk_rows + 2 * slot, tl.where(used, t0, 0), mask=in_table)
+        tl.store(chunk_rows + 2 * slot + 1, tl.where(used, eos, 0), mask=in_table)
 
 
 @triton.jit
