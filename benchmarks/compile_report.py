@@ -145,7 +145,8 @@ def by_line(compiled, top: int) -> str:
 
 def launcher_configurations(D: int = 64):
     """(name, kernel, constexprs, warps, stages, maxnreg, source, types) of every kernel configuration the
-    launcher (fastkda.kernels) can pick: the Triton stage 1 with bf16 or fp32 stage tensors; the Triton
+    launcher (fastkda.kernels) can pick: stage 0's tables kernel (packed sequences), with its ordering part or
+    without; the Triton stage 1 with bf16 or fp32 stage tensors; the Triton
     stage 2 with bf16 stage tensors and bf16 or fp16 values, or fp32 throughout; the Gluon stage 2 and the
     Gluon stage 1, packed and fixed-length (Hopper, bf16)."""
     from triton.experimental.gluon._runtime import GluonASTSource
