@@ -39,6 +39,7 @@ RUNTIME_TYPES = {
     "cu_seqlens": "*i32", "chunk_offsets": "*i32", "seq_order": "*i32", "chunk_rows": "*i32",
     "T": "i32", "NC": "i32", "N": "i32", "H": "i32", "HV": "i32", "search_steps": "i32",
     "s_state_k": "i32", "s_state_v": "i32", "scale": "fp32", "lower_bound": "fp32",
+    "state_buf": "*fp32", "flags": "*i32", "slot_lo": "i32", "slot_hi": "i32", "window_idx": "i32",
 }
 
 
@@ -65,6 +66,9 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int, num_stages: int, maxn
                  types=None):
     """The kernel compiled for sm_90a (cubin included); ``types`` overrides RUNTIME_TYPES per argument."""
     names = kernel.arg_names
+    # Arguments left at their defaults: constexprs and None as compile-time values, others by RUNTIME_TYPES.
+    constexprs = dict({p.name: p.default for p in kernel.params if p.has_default and p.name not in constexprs
+                       and (p.is_constexpr or (p.default is None and p.name not in (types or {})))}, **constexprs)
     types = dict(RUNTIME_TYPES, **(types or {}))
     signature = {n: (types[n] if n not in constexprs else "constexpr") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
@@ -178,10 +182,16 @@ def launcher_configurations(D: int = 64):
                   **kernels._gluon_layouts(D, kernels.VALUE_BLOCK, BT))
     yield ("stage 2 (Gluon), bf16", _chunk_recurrence_gluon_kernel, consts, kernels.STAGE2_WARPS, 1, None,
            GluonASTSource, None)
+    yield ("stage 2 (Gluon), bf16, windows of chunks", _chunk_recurrence_gluon_kernel,
+           dict(consts, IS_VARLEN=False, WINDOWED=True), kernels.STAGE2_WARPS, 1, None, GluonASTSource,
+           dict(state_buf="*fp32", flags="*i32"))
     for varlen in (True, False):
         yield (f"stage 1 (Gluon), bf16, {'packed' if varlen else 'fixed-length'}", _chunk_prepare_gluon_kernel,
                _gluon_stage1_constexprs(D, varlen), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource,
                gluon_stage1_types(D))
+    yield ("stage 1 (Gluon), bf16, fixed-length, windows of chunks", _chunk_prepare_gluon_kernel,
+           dict(_gluon_stage1_constexprs(D, False), WINDOWED=True), 4, 1, kernels.STAGE1_GLUON_MAXNREG,
+           GluonASTSource, gluon_stage1_types(D))
     # Without the gate, the key norm or the β sigmoid, the Gluon stage 1 takes its bf16 paths (G − r in
     # three bf16 pieces without the gate, the doubling in bf16 halves): other kernel bodies.
     yield ("stage 1 (Gluon), bf16, g the log-decay, beta as given", _chunk_prepare_gluon_kernel,

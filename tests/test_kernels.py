@@ -270,3 +270,54 @@ def test_stage1_tma_descriptors_cover_the_outputs_row_by_row(K):
         assert desc.base is t and t.is_contiguous()
         assert list(desc.shape) == [HV * slots * t.shape[2], cols] and list(desc.strides) == [cols, 1]
         assert list(desc.block_shape) == block and desc.layout.swizzle_byte_width == swizzle
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="windows run on the Gluon kernels (Hopper)")
+@pytest.mark.parametrize("B,T,windows", [(1, 2000, 3), (3, 1024, 4), (2, 96, 2)])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_windows_of_chunks_give_the_unwindowed_results_bit_for_bit(B, T, windows, in_place, monkeypatch):
+    # Windows split the chunk slots (B = 3, 4 windows: sequences cut mid-way and windows that hold none of a
+    # sequence's chunks); the state crosses windows in fp32, so the results are the same bits. The state
+    # buffer is poisoned, so a window that read it before the previous one wrote it would show.
+    from fastkda import kernels
+    from fastkda.kernels import _is_hopper
+    if not _is_hopper(torch.device("cuda")):
+        pytest.skip("needs Hopper")
+    x, p, shape = make(B=B, T=T, H=2, HV=4, K=128, V=128, seed=3)
+    results = []
+    empty = torch.empty
+    monkeypatch.setattr(kernels.torch, "empty",
+                        lambda *a, **k: empty(*a, **k).fill_(float("nan")) if k.get("dtype") == torch.float32
+                        else empty(*a, **k))
+    for n in (1, windows):
+        monkeypatch.setattr(kernels, "WINDOWS", n)
+        h0 = p["initial_state"].clone()
+        out = torch.full_like(x["v"], float("nan"))
+        fs = h0 if in_place else torch.full(shape, float("nan"), device=DEVICE)
+        forward(**x, **dict(p, initial_state=h0), out=out, final_state=fs, state_v_first=True, use_qk_l2norm=True,
+                use_gate=True, use_beta_sigmoid=True, backend="triton")
+        results.append((out, fs))
+    assert not results[1][0].isnan().any() and not results[1][1].isnan().any()
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_windows_by_rule(monkeypatch):
+    # Windows only where stage 2 has at most one program per WINDOW_SM_SHARE SMs and the sequences one
+    # length; one window per WINDOW_CHUNKS chunk slots, at most MAX_WINDOWS.
+    from fastkda import kernels
+    monkeypatch.setattr(kernels, "gluon_stage1_applies", lambda q, k, g: True)
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
+
+    def windows(B, T, HV, cu=None):
+        v = torch.empty(B, T, HV, 128, dtype=torch.bfloat16)
+        return kernels.stage2_windows(None, None, None, v, cu)
+    per_window = kernels.WINDOW_CHUNKS * kernels.CHUNK_SIZE
+    assert windows(1, 32768, 16) == min(kernels.MAX_WINDOWS, 32768 // per_window) > 1
+    assert windows(1, 65536, 8) == kernels.MAX_WINDOWS
+    assert windows(2, 32768, 8) == kernels.MAX_WINDOWS        # windows count chunk slots of all sequences
+    assert windows(1, per_window, 16) == 1
+    assert windows(1, 65536, 64) == 1                         # 128 stage-2 programs: stage 2 fills the GPU
+    assert windows(1, 65536, 16, cu=torch.tensor([0, 65536])) == 1
+    monkeypatch.setattr(kernels, "WINDOWS", 3)
+    assert windows(1, 8192, 64) == 3                          # forced (experiments), where windows can run
+    assert windows(1, 8192, 64, cu=torch.tensor([0, 8192])) == 1

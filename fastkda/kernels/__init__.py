@@ -12,6 +12,13 @@
                                                       sequences first: reads v and the stage-1 tensors;
                                                       writes out, state
 
+Windows (stage2_windows; few heads, long fixed-length sequences, where stage 2's chain of chunks bounds the
+forward and leaves most SMs idle): the chunk slots are cut into up to MAX_WINDOWS windows, and stage 1 of
+window w + 1 runs beside stage 2 of window w (programmatic dependent launch), which hands each state to
+window w + 1 through a buffer and a flag per program (chunk_recurrence_gluon.py).
+
+Every launch goes through direct_launch.launch (Triton's compiled kernel, without its per-call binding).
+
 Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
 columns in stage 2, 4 warps, the Triton stage 1 capped at 168 registers (three programs per SM), the Gluon
 stage 1 at 96 (five programs per SM, with its 43 KB of shared memory), three pipeline stages
@@ -24,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import NamedTuple, Optional
 
 import torch
@@ -34,6 +40,7 @@ import triton.language as tl
 from ..checks import check_index_range
 from .chunk_prepare import _chunk_prepare_kernel, _chunk_tables_kernel
 from .chunk_recurrence import _chunk_recurrence_kernel
+from .direct_launch import INTERPRETING, launch
 
 CHUNK_SIZE = 32      # BT: tokens per chunk (a power of two, 16 or 32: chunk_prepare.py gives the bound)
 VALUE_BLOCK = 64     # BV: state columns per stage-2 program
@@ -44,6 +51,10 @@ STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, T
 STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
 STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
 STAGE1_GLUON_MAXNREG = 96    # five Gluon stage-1 programs per SM (43 KB of shared memory each)
+WINDOWS = None        # windows of chunk slots (stage2_windows): None by rule; an int sets the count (experiments)
+MAX_WINDOWS = 4
+WINDOW_CHUNKS = 256   # chunk slots per window, at least (each window costs two launches: ~75 us of host time)
+WINDOW_SM_SHARE = 4   # windows only while stage 2 has at most one program per WINDOW_SM_SHARE SMs
 ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
                          # (N² comparisons in one program; a power of two); beyond, sorted by torch
 
@@ -68,10 +79,6 @@ class Stage1(NamedTuple):
     N: int          # sequences
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def chunk_tables(cu_seqlens: torch.Tensor, T_total: int):
     """Chunk bookkeeping of packed sequences, built on the device (no synchronisation).
 
@@ -89,9 +96,9 @@ def chunk_tables(cu_seqlens: torch.Tensor, T_total: int):
     tables = torch.empty(2 * N + 1 + 2 * slots, dtype=torch.int32, device=cu_seqlens.device)
     chunk_offsets, seq_order, chunk_rows = tables[:N + 1], tables[N + 1:2 * N + 1], tables[2 * N + 1:]
     in_kernel = N <= ORDER_IN_KERNEL
-    _chunk_tables_kernel[(1,)](cu_seqlens, chunk_offsets, seq_order, chunk_rows, N, slots, max(1, N.bit_length()),
-                               BT=BT, BLOCK=1024, ORDER=in_kernel, NBLOCK=max(ORDER_IN_KERNEL, 16), JBLOCK=16,
-                               RBLOCK=1024)   # one compiled variant for any N
+    launch(_chunk_tables_kernel, (1,), cu_seqlens, chunk_offsets, seq_order, chunk_rows, N, slots,
+           max(1, N.bit_length()), BT=BT, BLOCK=1024, ORDER=in_kernel, NBLOCK=max(ORDER_IN_KERNEL, 16), JBLOCK=16,
+           RBLOCK=1024)   # one compiled variant for any N
     if not in_kernel:
         seq_order = longest_first(cu_seqlens)
     return slots, chunk_offsets, chunk_rows, seq_order
@@ -111,6 +118,18 @@ def longest_first(cu_seqlens: torch.Tensor) -> torch.Tensor:
 def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm,
                    use_gate, use_beta_sigmoid) -> Stage1:
     """Stage 0 and stage 1: allocate and fill the per-chunk tensors."""
+    st, stage1 = _plan_chunks(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                              cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, use_gate=use_gate,
+                              use_beta_sigmoid=use_beta_sigmoid)
+    stage1()
+    return st
+
+
+def _plan_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm, use_gate,
+                 use_beta_sigmoid):
+    """Stage 0 and the allocation of the stage-1 tensors; returns them and ``stage1(window=None, pdl=False)``,
+    which launches stage 1 for every chunk, or (the Gluon stage 1) for the chunk slots ``window = (lo, hi)``,
+    optionally by programmatic dependent launch (kda_forward)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     T_total = B * T
@@ -131,27 +150,38 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
                                  (sdt, (HV, slots, BT, BT)), (sdt, (HV, slots, BT, K)), (torch.float32, (slots, HV, K)))
     st = Stage1(a1=a1, tb=tb, aqk=aqk, kt=kt, gl=gl, chunk_offsets=chunk_offsets, seq_order=seq_order,
                 n_chunks=n_chunks, N=N)
-    if n_chunks > 0 and N > 0:
-        # Both stage-1 kernels take the same arguments; each adds its own compile-time settings.
-        grid = (n_chunks, HV)
-        args = (q, k, g, beta, A_log, dt_bias, st.a1, st.tb, st.aqk, st.kt, st.gl, chunk_rows,
-                T, slots, scale, 0.0 if lower_bound is None else lower_bound, H, HV)
-        common = dict(K=K, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm,
-                      USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid, HAS_A_LOG=A_log is not None,
-                      HAS_DT_BIAS=dt_bias is not None)
-        if gluon_stage1_applies(q, k, g):
+    # Both stage-1 kernels take the same arguments; each adds its own compile-time settings.
+    args = (q, k, g, beta, A_log, dt_bias, st.a1, st.tb, st.aqk, st.kt, st.gl, chunk_rows,
+            T, slots, scale, 0.0 if lower_bound is None else lower_bound, H, HV)
+    common = dict(K=K, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm,
+                  USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid, HAS_A_LOG=A_log is not None,
+                  HAS_DT_BIAS=dt_bias is not None)
+    gluon = gluon_stage1_applies(q, k, g)
+    descriptors = _stage1_descriptors(st, K, BT) if gluon and n_chunks > 0 else None
+
+    def stage1(window=None, pdl=False):
+        if n_chunks == 0 or N == 0:
+            return
+        if gluon:
             from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
-            _chunk_prepare_gluon_kernel[grid](
-                *args, **common, HV_PER_H=HV // H, **_stage1_descriptors(st, K, BT), num_warps=4,  # one warpgroup
-                **({} if STAGE1_GLUON_MAXNREG is None else {"maxnreg": STAGE1_GLUON_MAXNREG}))
+            extra = {}
+            grid = (n_chunks, HV)
+            if window is not None:
+                lo, hi = window
+                grid = (hi - lo, HV)
+                extra = dict(slot_lo=lo, WINDOWED=True, launch_pdl=pdl)
+            launch(_chunk_prepare_gluon_kernel, grid,
+                   *args, **common, HV_PER_H=HV // H, **descriptors, num_warps=4,  # one warpgroup
+                   **({} if STAGE1_GLUON_MAXNREG is None else {"maxnreg": STAGE1_GLUON_MAXNREG}), **extra)
         else:
+            assert window is None, "windows need the Gluon stage 1"
             # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
-            _chunk_prepare_kernel[grid](
-                *args, **common, DOT_PRECISION="ieee" if _interpreting() else "tf32",
-                MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=_interpreting(),
-                num_warps=STAGE1_WARPS, num_stages=1,
-                **({} if STAGE1_MAXNREG is None else {"maxnreg": STAGE1_MAXNREG}))
-    return st
+            launch(_chunk_prepare_kernel, (n_chunks, HV),
+                   *args, **common, DOT_PRECISION="ieee" if INTERPRETING else "tf32",
+                   MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=INTERPRETING,
+                   num_warps=STAGE1_WARPS, num_stages=1,
+                   **({} if STAGE1_MAXNREG is None else {"maxnreg": STAGE1_MAXNREG}))
+    return st, stage1
 
 
 def _carve(device, *specs):
@@ -200,7 +230,7 @@ def gluon_stage1_applies(q, k, g) -> bool:
     """The Gluon stage 1 covers bf16 inputs (q, k, g share q's dtype) on Hopper (sm_90) with K = 64 or 128 and
     BT = 32 (one warpgroup: K and 2·BT are the wgmma row counts); elsewhere, and under the CPU interpreter,
     the Triton stage 1 runs."""
-    return (STAGE1_GLUON and not _interpreting() and q.is_cuda and q.dtype == torch.bfloat16
+    return (STAGE1_GLUON and not INTERPRETING and q.is_cuda and q.dtype == torch.bfloat16
             and q.shape[-1] in (64, 128) and CHUNK_SIZE == 32 and _aligned16(q, k, g)
             and _is_hopper(q.device))
 
@@ -208,7 +238,7 @@ def gluon_stage1_applies(q, k, g) -> bool:
 def gluon_stage2_applies(st: Stage1, v) -> bool:
     """The Gluon stage 2 covers bf16 stage tensors and values on Hopper (sm_90); elsewhere, and under the CPU
     interpreter (which cannot run Gluon), the Triton stage 2 runs."""
-    return (STAGE2_GLUON and not _interpreting() and v.is_cuda and st.a1.dtype == torch.bfloat16
+    return (STAGE2_GLUON and not INTERPRETING and v.is_cuda and st.a1.dtype == torch.bfloat16
             and v.dtype == torch.bfloat16 and _aligned16(v) and _is_hopper(v.device))
 
 
@@ -225,8 +255,11 @@ def _gluon_layouts(K: int, BV: int, BT: int) -> dict:
                 L_G=gl.BlockedLayout([max(1, K // (32 * STAGE2_WARPS))], [32], [STAGE2_WARPS], [0]))
 
 
-def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens, state_v_first) -> None:
-    """Stage 2: carry the state through each sequence (values ``v``), write ``out`` and ``final_state``."""
+def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens, state_v_first,
+                   window=None) -> None:
+    """Stage 2: carry the state through each sequence (values ``v``), write ``out`` and ``final_state``.
+    ``window = (lo, hi, index, state_buf, flags)``: only the chunks in slots lo .. hi − 1, window number
+    ``index`` (the Gluon stage 2; kda_forward)."""
     B, T, HV, V = out.shape
     K = st.a1.shape[-1]
     if st.N == 0:
@@ -241,10 +274,40 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
                   HAS_H0=initial_state is not None, STORE_HT=final_state is not None, num_warps=STAGE2_WARPS)
     if gluon_stage2_applies(st, v):
         from .chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
-        _chunk_recurrence_gluon_kernel[grid](*args, **common, **_gluon_layouts(K, BV, CHUNK_SIZE))
+        extra = {}
+        if window is not None:
+            lo, hi, index, state_buf, flags = window
+            extra = dict(state_buf=state_buf, flags=flags, slot_lo=lo, slot_hi=hi, window_idx=index,
+                         WINDOWED=True)
+        launch(_chunk_recurrence_gluon_kernel, grid, *args, **common, **_gluon_layouts(K, BV, CHUNK_SIZE), **extra)
     else:
-        _chunk_recurrence_kernel[grid](*args, **common, INTERPRET=_interpreting(),
-                                       num_stages=STAGE2_STAGES if st.a1.dtype == torch.bfloat16 else 1)
+        assert window is None, "windows need the Gluon stage 2"
+        launch(_chunk_recurrence_kernel, grid, *args, **common, INTERPRET=INTERPRETING,
+               num_stages=STAGE2_STAGES if st.a1.dtype == torch.bfloat16 else 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def stage2_windows(q, k, g, v, cu_seqlens) -> int:
+    """How many windows of chunk slots the forward runs in (kda_forward): 1 (no windows) unless both Gluon
+    stages apply, the sequences have one length (no cu_seqlens), and stage 2 has at most one program per
+    WINDOW_SM_SHARE SMs: its chain of chunks, not its throughput, then bounds it, and the other SMs are
+    free for stage 1 of the next window. Then one window per WINDOW_CHUNKS chunk slots, at most MAX_WINDOWS.
+    Measured on the H200 (docs/perf-notes.md, session 11): 16 heads × 32,768 tokens −8%, 8 heads × 65,536
+    −5%; nothing to gain where stage 2 fills the GPU (64 heads × 8,192: both stages then share its memory
+    bandwidth) and, below a few hundred chunks, host time lost."""
+    if cu_seqlens is not None or not (gluon_stage1_applies(q, k, g) and STAGE2_GLUON and v.dtype == torch.bfloat16
+                                      and _aligned16(v)):
+        return 1
+    if WINDOWS is not None:
+        return WINDOWS
+    B, T, HV, V = v.shape
+    if B * HV * (V // min(VALUE_BLOCK, V)) * WINDOW_SM_SHARE > _sm_count(v.device):
+        return 1
+    return max(1, min(MAX_WINDOWS, B * triton.cdiv(T, CHUNK_SIZE) // WINDOW_CHUNKS))
 
 
 def kda_forward(
@@ -263,8 +326,25 @@ def kda_forward(
     use_beta_sigmoid: bool,
 ) -> None:
     """Run the two-stage Triton forward; writes ``out`` and ``final_state`` (if given)."""
-    st = prepare_chunks(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                        cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, use_gate=use_gate,
-                        use_beta_sigmoid=use_beta_sigmoid)
-    run_recurrence(st, v, out=out, initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
-                   state_v_first=state_v_first)
+    st, stage1 = _plan_chunks(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                              cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, use_gate=use_gate,
+                              use_beta_sigmoid=use_beta_sigmoid)
+    recurrence = dict(out=out, initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
+                      state_v_first=state_v_first)
+    n_windows = min(stage2_windows(q, k, g, v, cu_seqlens), st.n_chunks)
+    if n_windows <= 1:
+        stage1()
+        run_recurrence(st, v, **recurrence)
+        return
+    # Windows of chunk slots (sequence by sequence, chunk by chunk), each window's stage 1 launched while the
+    # previous window's stage 2 runs (programmatic dependent launch: stage 2 lets it start once all its programs
+    # run, and stage 1 reads nothing stage 2 writes); stage 2 hands each state from window to window through
+    # state_buf, one flag per program.
+    B, T, HV, V = v.shape
+    K = q.shape[-1]
+    state_buf = torch.empty((B, HV, V, K) if state_v_first else (B, HV, K, V), dtype=torch.float32, device=q.device)
+    flags = torch.zeros(B * HV * (V // min(VALUE_BLOCK, V)), dtype=torch.int32, device=q.device)
+    bounds = [st.n_chunks * i // n_windows for i in range(n_windows + 1)]
+    for w in range(n_windows):
+        stage1(window=(bounds[w], bounds[w + 1]), pdl=w > 0)
+        run_recurrence(st, v, **recurrence, window=(bounds[w], bounds[w + 1], w, state_buf, flags))

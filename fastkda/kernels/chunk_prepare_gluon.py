@@ -1,7 +1,8 @@
 """Stage 1 in Gluon (Hopper, bf16 inputs): the per-chunk work of chunk_prepare.py, same outputs, computed
 channel-major so that every product runs on the warpgroup tensor cores (wgmma).
 
-One program (one warpgroup) per (chunk of BT tokens, value head). The element-wise work holds tiles
+One program (one warpgroup) per (chunk of BT tokens, value head); windowed (WINDOWED), per chunk slot from
+slot_lo on (kernels/__init__.py). The element-wise work holds tiles
 transposed, [K channels × BT tokens], in the register layout of a wgmma accumulator with N = BT, so that:
 
     (G − r)ᵀ = aᵀ · A'ᵀ,  A'[i, j] = [j ≤ i] − 1/2      a in fp16 or bf16 pieces: no scan; r = G_last / 2
@@ -185,8 +186,11 @@ def _chunk_prepare_gluon_kernel(
     IS_VARLEN: gl.constexpr, USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, USE_BETA_SIGMOID: gl.constexpr,
     HAS_A_LOG: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
     a1_desc, kt_desc, aqk_desc,
+    slot_lo=0, WINDOWED: gl.constexpr = False,
 ):
     i_c = gl.program_id(0)
+    if WINDOWED:
+        i_c += slot_lo                                # a window of chunk slots (chunk_recurrence_gluon.py)
     i_hv = gl.program_id(1)
     i_h = i_hv // HV_PER_H                           # a compile-time divisor: a shift, not a division
     if IS_VARLEN:

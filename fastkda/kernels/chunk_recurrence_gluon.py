@@ -16,6 +16,12 @@ products (plain Triton waits after each product whose accumulator is not loop-ca
 version of session 4 split interleaved accumulators, which cost layout conversions: docs/perf-notes.md).
 The stage-1 tiles, the values and gl reach shared memory through a ring of three slots of asynchronous
 copies (cp.async), issued two chunks ahead; gl is read from there in the state's column layout.
+
+Windowed (WINDOWED; kernels/__init__.py, windowed forward): one launch per window of chunk slots
+[slot_lo, slot_hi), so that stage 1 of the next window runs beside this one. A program starts once its
+namesake in the previous window has raised their flag to window_idx, works on its sequence's chunks in the
+window, if any (from the initial state where the sequence starts, else from the state the previous window
+left in state_buf), leaves the state in state_buf (in ht where the sequence ends) and raises the flag.
 """
 
 from triton.experimental import gluon
@@ -40,12 +46,39 @@ def _copy_tile(dst, base, R: gl.constexpr, C: gl.constexpr, row_stride, L: gl.co
 
 
 @gluon.jit
+def _grid_dependency(asm: gl.constexpr):
+    """One griddepcontrol instruction (programmatic dependent launch; no operands, no result)."""
+    gl.inline_asm_elementwise(asm + " // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _fence_acq_rel():
+    gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _state_offsets(i_state, i_v, s_state_k, s_state_v, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                   acc: gl.constexpr):
+    """Offsets of Sᵀ[vv, kk] = S[kk, vv] of state i_state (sequence · HV + head), value block i_v."""
+    o_vs = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, acc))
+    o_ks = gl.arange(0, K, layout=gl.SliceLayout(0, acc))
+    return i_state * K * V + o_vs[:, None] * s_state_v + o_ks[None, :] * s_state_k
+
+
+@gluon.jit
+def _opaque(x):
+    """x, through an instruction the compiler does not look into."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _issue_chunk_loads(c, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos, i_hv, i_v,
                        w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, slot: gl.constexpr,
                        HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr,
                        L_K: gl.constexpr, L_T: gl.constexpr, L_V: gl.constexpr, L_G: gl.constexpr):
-    """Copies of chunk c's tiles into slot `slot` of the ring buffers. Past the last chunk the last chunk is
-    copied again (never read); an empty sequence copies its slot c_first, which exists (kernels/__init__.py)."""
+    """Copies of chunk c's tiles into slot `slot` of the ring buffers. Past the last chunk (n_chunks: of the
+    sequence, or of the window) the last chunk is copied again (never read); an empty sequence copies its slot
+    c_first, which exists (kernels/__init__.py)."""
     c = gl.maximum(gl.minimum(c, n_chunks - 1), 0)
     blk = blk0 + c
     _copy_tile(w_r.index(slot), a1 + blk * (2 * BT * K), BT, K, K, L_K)
@@ -73,8 +106,13 @@ def _chunk_recurrence_gluon_kernel(
     HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr,
     IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
     L_K: gl.constexpr, L_T: gl.constexpr, L_V: gl.constexpr, L_G: gl.constexpr, L_O: gl.constexpr,
+    state_buf=None, flags=None, slot_lo=0, slot_hi=0, window_idx=0, WINDOWED: gl.constexpr = False,
 ):
     STAGES: gl.constexpr = 3
+    if WINDOWED:
+        # The next window's stage 1 may start as soon as every program of this grid runs (it reads nothing
+        # this grid writes): programmatic dependent launch.
+        _grid_dependency("griddepcontrol.launch_dependents;")
     i_v = gl.program_id(0)
     i_nh = gl.program_id(1)
     i_hv = i_nh % HV
@@ -89,6 +127,12 @@ def _chunk_recurrence_gluon_kernel(
         eos = bos + T
         c_first = n * gl.cdiv(T, BT)
     n_chunks = gl.cdiv(eos - bos, BT)
+    c_begin = 0
+    c_end = n_chunks
+    if WINDOWED:
+        # this sequence's chunks in the window of chunk slots [slot_lo, slot_hi): none, some or all
+        c_begin = gl.maximum(slot_lo - c_first, 0)
+        c_end = gl.minimum(slot_hi - c_first, n_chunks)
 
     # wgmma accumulators (one warpgroup, M = BV rows): N = K for the state, N = BT for Uᵀ, Pᵀ and Oᵀ; left
     # operands from registers with K (Sᵀ) or BT (Uᵀ) columns.
@@ -117,11 +161,29 @@ def _chunk_recurrence_gluon_kernel(
 
     blk0 = (i_hv * NC + c_first).to(gl.int64)
     for j in gl.static_range(STAGES - 1):
-        _issue_chunk_loads(j, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos, i_hv, i_v,
+        _issue_chunk_loads(c_begin + j, c_end, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos, i_hv, i_v,
                            w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, j, HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
 
-    # Sᵀ[vv, kk] = S[kk, vv] of this (sequence, head) sits at kk * s_state_k + vv * s_state_v.
-    if HAS_H0:
+    # Sᵀ[vv, kk] = S[kk, vv] of this (sequence, head) sits at kk * s_state_k + vv * s_state_v (state_buf: the
+    # same layout, fp32).
+    if WINDOWED:
+        o_state = _state_offsets(n * HV + i_hv, i_v, s_state_k, s_state_v, K, V, BV, acc_k)
+        # Every program waits for its namesake of the previous window to finish (flag raised to window_idx),
+        # so that the last window's grid finishes after every program of every window: what comes after the
+        # forward in the stream must see all of it (a grid started early need not finish after the grid
+        # before it).
+        flag = flags + i_nh * gl.num_programs(0) + i_v
+        if window_idx > 0:
+            while gl.load(flag, volatile=True) != window_idx:
+                _grid_dependency("nanosleep.u32 1000;")   # (not an issue slot taken from a chain on this SM)
+            _fence_acq_rel()
+        if (c_begin > 0) & (c_begin < c_end):           # the sequence started in an earlier window
+            b_st = gl.load(state_buf + o_state)
+        elif HAS_H0:
+            b_st = gl.load(h0 + o_state).to(gl.float32)
+        else:
+            b_st = gl.zeros([BV, K], gl.float32, layout=acc_k)
+    elif HAS_H0:
         o_vs = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, acc_k))
         o_ks = gl.arange(0, K, layout=gl.SliceLayout(0, acc_k))
         b_st = gl.load(h0 + (n * HV + i_hv) * K * V + o_vs[:, None] * s_state_v + o_ks[None, :] * s_state_k)
@@ -131,16 +193,16 @@ def _chunk_recurrence_gluon_kernel(
 
     o_vo = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, L_O))
     o_to = gl.arange(0, BT, layout=gl.SliceLayout(1, L_O))
-    for c0 in range(0, n_chunks, STAGES):
+    for c0 in range(c_begin, c_end, STAGES):
         for j in gl.static_range(STAGES):
             c = c0 + j
-            if c < n_chunks:
+            if c < c_end:
                 async_copy.wait_group(STAGES - 2)       # this thread's copies of chunk c have landed
                 _cta_barrier()                           # ... and every thread's; chunk c − 1 is done everywhere
                 fence_async_shared()
                 # Refill chunk c − 1's slot (all its readers waited) with chunk c + 2: two chunks of lead.
                 jn: gl.constexpr = (j + STAGES - 1) % STAGES
-                _issue_chunk_loads(c + STAGES - 1, n_chunks, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos,
+                _issue_chunk_loads(c + STAGES - 1, c_end, a1, tb, aqk, kt, gl_ptr, v, blk0, c_first, bos, eos,
                                    i_hv, i_v, w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, jn,
                                    HV, K, V, BV, BT, L_K, L_T, L_V, L_G)
 
@@ -167,7 +229,19 @@ def _chunk_recurrence_gluon_kernel(
                          mask=(rows < eos)[:, None])
 
     async_copy.wait_group(0)
-    if STORE_HT:
+    if WINDOWED:
+        # The offsets again, from an index the compiler cannot prove equal to the first one: otherwise it keeps
+        # the first [BV, K] offsets live through the loop (spilled registers).
+        o_state = _state_offsets(_opaque(n * HV + i_hv), i_v, s_state_k, s_state_v, K, V, BV, acc_k)
+        if c_begin < c_end:                              # (else nothing of this sequence in the window)
+            if c_end < n_chunks:
+                gl.store(state_buf + o_state, b_st)
+            elif STORE_HT:
+                gl.store(ht + o_state, b_st.to(ht.dtype.element_ty))
+        _fence_acq_rel()                                 # this thread's stores (state, outputs), GPU-wide
+        _cta_barrier()                                   # ... and every thread's
+        gl.store(flag, window_idx + 1)                   # (every thread stores the same value)
+    elif STORE_HT:
         o_vs = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, acc_k))
         o_ks = gl.arange(0, K, layout=gl.SliceLayout(0, acc_k))
         gl.store(ht + (n * HV + i_hv) * K * V + o_vs[:, None] * s_state_v + o_ks[None, :] * s_state_k,
