@@ -301,6 +301,40 @@ def test_windows_of_chunks_give_the_unwindowed_results_bit_for_bit(B, T, windows
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="windows run on the Gluon kernels (Hopper)")
+def test_windows_in_a_cuda_graph(monkeypatch):
+    # Windows launch stage 1 by programmatic dependent launch and hand states over through flags: captured
+    # in a graph and replayed on new inputs, they must give the eager results.
+    from fastkda import kernels
+    from fastkda.kernels import _is_hopper
+    if not _is_hopper(torch.device("cuda")):
+        pytest.skip("needs Hopper")
+    monkeypatch.setattr(kernels, "WINDOWS", 3)
+    x, p, shape = make(B=2, T=1000, H=2, HV=4, K=128, V=128, seed=5)
+    out, fs = torch.empty_like(x["v"]), torch.empty(shape, device=DEVICE)
+
+    def call():
+        forward(**x, **p, out=out, final_state=fs, state_v_first=True, use_qk_l2norm=True, use_gate=True,
+                use_beta_sigmoid=True, backend="triton")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    x2, p2, _ = make(B=2, T=1000, H=2, HV=4, K=128, V=128, seed=6)
+    for name in x:
+        x[name].copy_(x2[name])
+    p["initial_state"].copy_(p2["initial_state"])
+    graph.replay()
+    torch.cuda.synchronize()
+    monkeypatch.setattr(kernels, "WINDOWS", 1)
+    expected = run_triton(x, p, shape)
+    assert torch.equal(out, expected[0]) and torch.equal(fs, expected[1])
+
+
 def test_windows_by_rule(monkeypatch):
     # Windows only where stage 2 has at most one program per WINDOW_SM_SHARE SMs and the sequences one
     # length; one window per WINDOW_CHUNKS chunk slots, at most MAX_WINDOWS.
