@@ -46,8 +46,8 @@ def _copy_tile(dst, base, R: gl.constexpr, C: gl.constexpr, row_stride, L: gl.co
 
 
 @gluon.jit
-def _grid_dependency(asm: gl.constexpr):
-    """One griddepcontrol instruction (programmatic dependent launch; no operands, no result)."""
+def _ptx(asm: gl.constexpr):
+    """One PTX instruction without operands or result (griddepcontrol, nanosleep)."""
     gl.inline_asm_elementwise(asm + " // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -112,7 +112,7 @@ def _chunk_recurrence_gluon_kernel(
     if WINDOWED:
         # The next window's stage 1 may start as soon as every program of this grid runs (it reads nothing
         # this grid writes): programmatic dependent launch.
-        _grid_dependency("griddepcontrol.launch_dependents;")
+        _ptx("griddepcontrol.launch_dependents;")
     i_v = gl.program_id(0)
     i_nh = gl.program_id(1)
     i_hv = i_nh % HV
@@ -175,7 +175,7 @@ def _chunk_recurrence_gluon_kernel(
         flag = flags + i_nh * gl.num_programs(0) + i_v
         if window_idx > 0:
             while gl.load(flag, volatile=True) != window_idx:
-                _grid_dependency("nanosleep.u32 1000;")   # (not an issue slot taken from a chain on this SM)
+                _ptx("nanosleep.u32 1000;")   # (not an issue slot taken from a chain on this SM)
             _fence_acq_rel()
         if (c_begin > 0) & (c_begin < c_end):           # the sequence started in an earlier window
             b_st = gl.load(state_buf + o_state)
