@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os
+import time
 from dataclasses import asdict, dataclass
 
 import pytest
@@ -183,6 +184,27 @@ def test_table_marks_invalid_and_recorded():
     measured = fake_result({"fastkda": [0.5] * 6, "flash_kda": [1.0] * 6})
     assert "recorded, not measured" not in report.format_table(measured)
     assert report.summary(measured)["speedup"]["flash_kda"]["value"] == pytest.approx(2.0)
+
+
+def test_table_names_host_bound_timings():
+    # A timing whose host time per call reaches 90% of the measured time is named host-bound, with both
+    # numbers; one well below it is not.
+    res = fake_result({"fastkda": [0.5] * 6, "fla": [2.0] * 6})
+    fixed = res.tasks[0]
+    fixed.results["fastkda"].timing.host_ms = 0.46          # 92% of 0.5
+    fixed.results["fla"].timing.host_ms = 1.0               # 50% of 2.0
+    table = report.format_table(res)
+    note = next(line for line in table.splitlines() if line.startswith("host-bound"))
+    assert "fastkda on H96_fixed_8192 (0.460 of 0.500 ms)" in note and "fla" not in note
+    assert "host-bound" not in report.format_table(fake_result({"fastkda": [0.5] * 6}))
+    assert report.to_dict(res)["tasks"][0]["results"]["fastkda"]["timing"]["host_ms"] == 0.46
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_timing_measures_host_time_per_call():
+    # A call that only sleeps on the host is host-bound: its host time is about its measured time.
+    st = timing.time_cuda(lambda: time.sleep(2e-3), warmup=1, repeats=6, rounds=2)
+    assert 1.5 <= st.host_ms <= st.median_ms * 1.5 and st.median_ms >= 1.5
 
 
 # --------------------------------------------------------------------------------------------------------

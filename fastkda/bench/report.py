@@ -28,6 +28,7 @@ GPU_LABEL = "GPU benchmark"
 MAIN = "fastkda"
 RECORDED_PEER = "flash_kda"          # the implementation whose recorded times stand in when it is not installed
 RECORDED_KEY = "flashkda"            # its key in peers_h200.json
+HOST_BOUND = 0.9                     # host time per call / measured time from which a timing is host-bound
 STATUSES = ("ok", "invalid", "error", "unavailable")
 
 
@@ -403,6 +404,12 @@ def format_table(result: BenchResult) -> str:
             notes.append(f"{i['name']}: {i['reason']}")
     if result.show_recorded:
         notes.append(recorded_note(result))
+    bound = [f"{r.impl} on {tr.task.name} ({r.timing.host_ms:.3f} of {r.ms:.3f} ms)" for tr in result.tasks
+             for r in tr.results.values() if r.ms and r.timing.host_ms is not None
+             and r.timing.host_ms >= HOST_BOUND * r.ms]
+    if bound:
+        notes.append(f"host-bound (the host took >= {HOST_BOUND:.0%} of the measured time to issue each call; "
+                     "the GPU time is lower): " + ", ".join(bound))
     failures = [(tr.task.name, r) for tr in result.tasks for r in tr.results.values()
                 if r.status in ("invalid", "error")]
     for task, r in failures:

@@ -2,7 +2,9 @@
 
 On CUDA each call is bracketed by its own pair of events, calls run back to back (no synchronisation
 between them inside a round), the host synchronises at the end of each round, and the median over all
-timed calls is reported -- the peers' protocol (20 warm-up calls, 300 timed calls as 3 x 100).
+timed calls is reported -- the peers' protocol (20 warm-up calls, 300 timed calls as 3 x 100). The host's
+time to issue the calls is measured beside them (``host_ms``): where it reaches the measured time, the calls
+waited for the host, and the GPU time of one call is lower than reported.
 
 The copy bandwidth is that of a large device-to-device ``copy_``, counting the bytes read and the bytes
 written, median of several copies. It is what the memory floor of a task is divided by.
@@ -38,12 +40,16 @@ class TimingStats:
     warmup: int
     rounds: int
     method: str   # "cuda_events" or "host_clock"
+    # CUDA: host time per call to issue it (a round's loop of calls and their events, over the calls; median
+    # of the rounds). Near median_ms, the calls were host-bound.
+    host_ms: Optional[float] = None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def summarize(times_ms: List[float], *, warmup: int, rounds: int, method: str) -> TimingStats:
+def summarize(times_ms: List[float], *, warmup: int, rounds: int, method: str,
+              host_ms: Optional[float] = None) -> TimingStats:
     """Median, mean, extremes and 10th/90th percentiles of per-call times."""
     if not times_ms:
         raise ValueError("no timed calls")
@@ -55,7 +61,7 @@ def summarize(times_ms: List[float], *, warmup: int, rounds: int, method: str) -
 
     return TimingStats(median_ms=statistics.median(xs), mean_ms=statistics.fmean(xs), min_ms=xs[0],
                        max_ms=xs[-1], p10_ms=pct(10), p90_ms=pct(90), n=len(xs), warmup=warmup,
-                       rounds=rounds, method=method)
+                       rounds=rounds, method=method, host_ms=host_ms)
 
 
 def _round_sizes(repeats: int, rounds: int) -> List[int]:
@@ -73,17 +79,21 @@ def time_cuda(fn: Callable[[], object], *, warmup: int = DEFAULT_WARMUP["cuda"],
         fn()
     torch.cuda.synchronize()
     times: List[float] = []
+    host: List[float] = []
     sizes = _round_sizes(repeats, rounds)
     for n in sizes:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        t0 = time.perf_counter()
         for i in range(n):
             starts[i].record()
             fn()
             ends[i].record()
+        host.append((time.perf_counter() - t0) * 1e3 / n)
         torch.cuda.synchronize()
         times.extend(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return summarize(times, warmup=warmup, rounds=len(sizes), method="cuda_events")
+    return summarize(times, warmup=warmup, rounds=len(sizes), method="cuda_events",
+                     host_ms=statistics.median(host))
 
 
 def time_host(fn: Callable[[], object], *, warmup: int = DEFAULT_WARMUP["cpu"],
