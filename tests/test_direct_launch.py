@@ -30,6 +30,12 @@ def test_interpreter_takes_tritons_path():
     assert launch_mod.INTERPRETING and not launch_mod._direct
 
 
+def test_only_the_tested_triton_launches_directly():
+    import triton
+    tested = triton.__version__.startswith(launch_mod.TESTED_TRITON)
+    assert launch_mod._direct == (tested and not launch_mod.INTERPRETING)
+
+
 def _call(T, H=4, D=128, seed=0):
     gen = torch.Generator().manual_seed(seed)
     q, k, v, g = (torch.randn(1, T, H, D, generator=gen).to(torch.bfloat16).cuda() for _ in range(4))
@@ -44,7 +50,7 @@ def _call(T, H=4, D=128, seed=0):
     return run
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.skipif(not HAS_CUDA or not launch_mod._direct, reason="needs a CUDA device and the tested Triton")
 def test_direct_launch_matches_tritons_launch_across_specializations(monkeypatch):
     # T = 1024 and T = 1000 specialize the integer arguments differently (divisible by 16 or not): each must
     # get its own compiled kernel, and the direct launches must give Triton's results bit for bit.

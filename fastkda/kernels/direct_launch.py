@@ -12,8 +12,9 @@ Here Triton's own binder specializes the arguments (the same function Triton cal
 (kernel, device, specialization, compile options). The first launch of each goes through Triton, which
 compiles or loads the kernel, launches it and returns it; later ones call its launcher directly. A launch
 therefore runs the compiled kernel Triton would have run. Triton's path runs instead under the CPU
-interpreter, while a launch hook is installed (profilers such as proton rely on it), and for good once its
-internals are not what this module expects.
+interpreter, while a launch hook is installed (profilers such as proton rely on it), with Triton versions
+other than the one this was measured and tested with (TESTED_TRITON: the binder and the compiled kernel's
+launcher are internals), and for good once those internals are not what this module expects.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
 from triton import knobs
 
 # Triton reads TRITON_INTERPRET when a kernel is defined (at import), and so does this module.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+TESTED_TRITON = ("3.6.",)
 _compiled: dict = {}
-_direct = not INTERPRETING   # False also once Triton's internals turned out different from what launch() expects
+# False also once Triton's internals turned out different from what launch() expects
+_direct = not INTERPRETING and triton.__version__.startswith(TESTED_TRITON)
 
 
 def _hooked() -> bool:
