@@ -286,6 +286,11 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
                num_stages=STAGE2_STAGES if st.a1.dtype == torch.bfloat16 else 1)
 
 
+def _stage2_programs(N: int, HV: int, V: int) -> int:
+    """Stage-2 programs of a call: one per (value block, sequence, value head)."""
+    return N * HV * (V // min(VALUE_BLOCK, V))
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -305,7 +310,7 @@ def stage2_windows(q, k, g, v, cu_seqlens) -> int:
     if WINDOWS is not None:
         return WINDOWS
     B, T, HV, V = v.shape
-    if B * HV * (V // min(VALUE_BLOCK, V)) * WINDOW_SM_SHARE > _sm_count(v.device):
+    if _stage2_programs(B, HV, V) * WINDOW_SM_SHARE > _sm_count(v.device):
         return 1
     return max(1, min(MAX_WINDOWS, B * triton.cdiv(T, CHUNK_SIZE) // WINDOW_CHUNKS))
 
@@ -343,7 +348,7 @@ def kda_forward(
     B, T, HV, V = v.shape
     K = q.shape[-1]
     state_buf = torch.empty((B, HV, V, K) if state_v_first else (B, HV, K, V), dtype=torch.float32, device=q.device)
-    flags = torch.zeros(B * HV * (V // min(VALUE_BLOCK, V)), dtype=torch.int32, device=q.device)
+    flags = torch.zeros(_stage2_programs(B, HV, V), dtype=torch.int32, device=q.device)
     bounds = [st.n_chunks * i // n_windows for i in range(n_windows + 1)]
     for w in range(n_windows):
         stage1(window=(bounds[w], bounds[w + 1]), pdl=w > 0)
