@@ -182,6 +182,10 @@ def launcher_configurations(D: int = 64):
                   **kernels._gluon_layouts(D, kernels.VALUE_BLOCK, BT))
     yield ("stage 2 (Gluon), bf16", _chunk_recurrence_gluon_kernel, consts, kernels.STAGE2_WARPS, 1, None,
            GluonASTSource, None)
+    if D == 2 * kernels.VALUE_BLOCK:
+        yield ("stage 2 (Gluon), bf16, both value blocks in one program (stage2_wide)", _chunk_recurrence_gluon_kernel,
+               dict(consts, BV=D, **kernels._gluon_layouts(D, D, BT, 2 * kernels.STAGE2_WARPS)),
+               2 * kernels.STAGE2_WARPS, 1, None, GluonASTSource, None)
     yield ("stage 2 (Gluon), bf16, windows of chunks", _chunk_recurrence_gluon_kernel,
            dict(consts, IS_VARLEN=False, WINDOWED=True), kernels.STAGE2_WARPS, 1, None, GluonASTSource,
            dict(state_buf="*fp32", flags="*i32"))

@@ -355,3 +355,58 @@ def test_windows_by_rule(monkeypatch):
     monkeypatch.setattr(kernels, "WINDOWS", 3)
     assert windows(1, 8192, 64) == 3                          # forced (experiments), where windows can run
     assert windows(1, 8192, 64, cu=torch.tensor([0, 8192])) == 1
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the wide stage 2 is a Gluon kernel (Hopper)")
+@pytest.mark.parametrize("lens,B,T,with_h0,state_v_first", [
+    (None, 2, 1000, True, True),              # fixed length, a partial last chunk
+    ((0, 33, 1000, 64), None, None, False, True),   # packed: an empty sequence, partial chunks, no h0
+    ((300, 17, 700), None, None, True, False),     # the state K-first
+])
+def test_wide_stage2_gives_the_two_program_results_bit_for_bit(lens, B, T, with_h0, state_v_first, monkeypatch):
+    # Both value blocks of a head in one program of two warpgroups: each warpgroup computes its 64 state rows
+    # exactly as a program of its own would, so the results are the same bits. The launches are recorded,
+    # so that the test fails if the wide kernel did not run.
+    from fastkda import kernels
+    from fastkda.kernels import _is_hopper
+    if not _is_hopper(torch.device("cuda")):
+        pytest.skip("needs Hopper")
+    kw = dict(lens=lens) if lens is not None else dict(B=B, T=T)
+    x, p, shape = make(**kw, H=2, HV=4, K=128, V=128, seed=11, with_h0=with_h0, state_v_first=state_v_first)
+    launched = []
+    launch = kernels.launch
+
+    def recording(kernel, grid, *args, **kwargs):
+        launched.append((getattr(kernel, "__name__", str(kernel)), kwargs.get("BV"), kwargs.get("num_warps")))
+        return launch(kernel, grid, *args, **kwargs)
+    monkeypatch.setattr(kernels, "launch", recording)
+    results = []
+    for wide in (False, True):
+        monkeypatch.setattr(kernels, "STAGE2_WIDE", wide)
+        launched.clear()
+        results.append(run_triton(x, p, shape, state_v_first=state_v_first))
+        stage2 = [entry for entry in launched if "recurrence_gluon" in entry[0]]
+        assert stage2 == [("_chunk_recurrence_gluon_kernel", 128, 8) if wide else
+                          ("_chunk_recurrence_gluon_kernel", 64, 4)]
+    assert not results[1][0].isnan().any() and not results[1][1].isnan().any()
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_wide_stage2_by_rule(monkeypatch):
+    # One program per head only while stage 2 has more (two-program) programs than SMs and the sequences
+    # average WIDE_MIN_TOKENS or more; V must be two value blocks; STAGE2_WIDE forces it where it can run.
+    from fastkda import kernels
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
+    wide = lambda N, HV, T_total, V=128: kernels.stage2_wide(N, HV, V, T_total, None)
+    assert wide(1, 96, 8192)                 # H96, 8,192 tokens: 192 programs
+    assert wide(6, 64, 8192)                 # H64, six sequences averaging 1,365 tokens: 768 programs
+    assert not wide(1, 64, 8192)             # 128 programs: one per SM
+    assert not wide(256, 32, 256 * 64)       # 256 sequences of 64 tokens: state loads and stores dominate
+    assert not wide(65, 32, 8192 + 64 * 64)  # one long sequence among short ones (average 189 tokens)
+    assert not wide(1, 96, 8192, V=64)       # one value block only
+    minimum = kernels.WIDE_MIN_TOKENS
+    assert wide(8, 96, 8 * minimum) and not wide(8, 96, 8 * minimum - 1)
+    monkeypatch.setattr(kernels, "STAGE2_WIDE", True)
+    assert wide(1, 64, 8192) and not wide(1, 96, 8192, V=64)
+    monkeypatch.setattr(kernels, "STAGE2_WIDE", False)
+    assert not wide(1, 96, 8192)

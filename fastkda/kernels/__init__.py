@@ -12,6 +12,9 @@
                                                       sequences first: reads v and the stage-1 tensors;
                                                       writes out, state
 
+Wide stage 2 (stage2_wide; the GPU full of stage-2 programs, sequences not short): both value blocks of a
+head in one program of two warpgroups, which copies the head's stage-1 tiles once instead of twice.
+
 Windows (stage2_windows; few heads, long fixed-length sequences, where stage 2's chain of chunks bounds the
 forward and leaves most SMs idle): the chunk slots are cut into up to MAX_WINDOWS windows, and stage 1 of
 window w + 1 runs beside stage 2 of window w (programmatic dependent launch), which hands each state to
@@ -20,8 +23,9 @@ window w + 1 through a buffer and a flag per program (chunk_recurrence_gluon.py)
 Every launch goes through direct_launch.launch (Triton's compiled kernel, without its per-call binding).
 
 Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
-columns in stage 2, 4 warps, the Triton stage 1 capped at 168 registers (three programs per SM), the Gluon
-stage 1 at 96 (five programs per SM, with its 43 KB of shared memory), three pipeline stages
+columns in stage 2, 4 warps (both blocks of V = 128 in one program of 8 warps where stage2_wide says so),
+the Triton stage 1 capped at 168 registers (three programs per SM), the Gluon stage 1 at 96 (five
+programs per SM, with its 43 KB of shared memory), three pipeline stages
 for stage 2's loads (one for fp32 stage tensors, whose tiles would not fit shared memory three deep; the
 Gluon stage 2 keeps its own three-slot ring). Why these values: docs/perf-notes.md (measured on an H200).
 Arguments are assumed checked (fastkda.checks); this module only allocates the stage-1 tensors and launches.
@@ -47,6 +51,8 @@ VALUE_BLOCK = 64     # BV: state columns per stage-2 program
 STAGE1_WARPS = 4
 STAGE1_MAXNREG = 168   # registers per thread in stage 1: three programs per SM (docs/perf-notes.md)
 STAGE2_WARPS = 4
+STAGE2_WIDE = None    # both value blocks of a head in one stage-2 program (stage2_wide): None by rule; a bool forces it
+WIDE_MIN_TOKENS = 512   # ... only for sequences this long on average (shorter ones: two programs overlap better)
 STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, Triton kernel)
 STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
 STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
@@ -243,16 +249,17 @@ def gluon_stage2_applies(st: Stage1, v) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _gluon_layouts(K: int, BV: int, BT: int) -> dict:
-    """Register layouts of the Gluon stage 2's copies: 16-byte vectors along rows; gl one value per thread."""
+def _gluon_layouts(K: int, BV: int, BT: int, warps: int = STAGE2_WARPS) -> dict:
+    """Register layouts of the Gluon stage 2's copies (``warps`` warps): 16-byte vectors along rows; gl one value
+    per thread."""
     from triton.experimental.gluon import language as gl
 
     def rows(cols):
         lanes = min(32, cols // 8)
-        return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [STAGE2_WARPS, 1], [1, 0])
+        return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [warps, 1], [1, 0])
 
     return dict(L_K=rows(K), L_T=rows(BT), L_V=rows(BV), L_O=rows(BV),
-                L_G=gl.BlockedLayout([max(1, K // (32 * STAGE2_WARPS))], [32], [STAGE2_WARPS], [0]))
+                L_G=gl.BlockedLayout([max(1, K // (32 * warps))], [32], [warps], [0]))
 
 
 def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens, state_v_first,
@@ -264,22 +271,26 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
     K = st.a1.shape[-1]
     if st.N == 0:
         return
-    BV = min(VALUE_BLOCK, V)
+    gluon = gluon_stage2_applies(st, v)
+    BV, warps = min(VALUE_BLOCK, V), STAGE2_WARPS
+    if gluon and window is None and stage2_wide(st.N, HV, V, B * T, v.device):
+        BV, warps = V, 2 * STAGE2_WARPS
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
     # Both stage-2 kernels take the same arguments; each adds its own compile-time settings.
     grid = (V // BV, st.N * HV)
     args = (st.a1, st.tb, st.aqk, st.kt, st.gl, v, initial_state, final_state, out, cu_seqlens, st.chunk_offsets,
             st.seq_order, T, st.a1.shape[1], s_state_k, s_state_v, HV)
     common = dict(K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=cu_seqlens is not None,
-                  HAS_H0=initial_state is not None, STORE_HT=final_state is not None, num_warps=STAGE2_WARPS)
-    if gluon_stage2_applies(st, v):
+                  HAS_H0=initial_state is not None, STORE_HT=final_state is not None, num_warps=warps)
+    if gluon:
         from .chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
         extra = {}
         if window is not None:
             lo, hi, index, state_buf, flags = window
             extra = dict(state_buf=state_buf, flags=flags, slot_lo=lo, slot_hi=hi, window_idx=index,
                          WINDOWED=True)
-        launch(_chunk_recurrence_gluon_kernel, grid, *args, **common, **_gluon_layouts(K, BV, CHUNK_SIZE), **extra)
+        launch(_chunk_recurrence_gluon_kernel, grid, *args, **common, **_gluon_layouts(K, BV, CHUNK_SIZE, warps),
+               **extra)
     else:
         assert window is None, "windows need the Gluon stage 2"
         launch(_chunk_recurrence_kernel, grid, *args, **common, INTERPRET=INTERPRETING,
@@ -294,6 +305,20 @@ def _stage2_programs(N: int, HV: int, V: int) -> int:
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def stage2_wide(N: int, HV: int, V: int, T_total: int, device: torch.device) -> bool:
+    """Whether the Gluon stage 2 runs both value blocks of a head (V = 2 · VALUE_BLOCK) in one program of two
+    warpgroups (run_recurrence): it copies the head's stage-1 tiles once instead of twice, and its two chains
+    step together (a CTA barrier per chunk). That pays while the GPU is full of stage-2 programs (more than
+    SMs) and the sequences average WIDE_MIN_TOKENS or more; where one program per SM is possible, or
+    sequences are short (bound by their state loads and stores, which two independent programs overlap
+    better), two programs are faster (docs/perf-notes.md, session 12). STAGE2_WIDE forces it."""
+    if V != 2 * VALUE_BLOCK:
+        return False
+    if STAGE2_WIDE is not None:
+        return STAGE2_WIDE
+    return _stage2_programs(N, HV, V) > _sm_count(device) and T_total >= WIDE_MIN_TOKENS * N
 
 
 def stage2_windows(q, k, g, v, cu_seqlens) -> int:

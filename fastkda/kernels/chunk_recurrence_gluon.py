@@ -1,7 +1,8 @@
 """Stage 2 in Gluon (Hopper, bf16 stage tensors and values): the recurrence of chunk_recurrence.py, same
 math, with the products' waits placed by hand.
 
-One program (one warpgroup) per (value-column block of BV, sequence, value head); Sᵀ [BV × K] fp32 stays in
+One program per (value-column block of BV, sequence, value head), one warpgroup per 64 columns (BV = 64, or
+128 in two warpgroups whose chains step together: kernels.stage2_wide); Sᵀ [BV × K] fp32 stays in
 registers. Per chunk of BT tokens, with the stage-1 tensors of chunk_prepare.py (a1 = [−W; Qg], tb = the high
 and low bf16 halves of (T·diag(β))ᵀ, aqk, kt, gl) and the values V:
 
@@ -134,10 +135,12 @@ def _chunk_recurrence_gluon_kernel(
         c_begin = gl.maximum(slot_lo - c_first, 0)
         c_end = gl.minimum(slot_hi - c_first, n_chunks)
 
-    # wgmma accumulators (one warpgroup, M = BV rows): N = K for the state, N = BT for Uᵀ, Pᵀ and Oᵀ; left
+    # wgmma accumulators (M = BV rows, 64 per warpgroup): N = K for the state, N = BT for Uᵀ, Pᵀ and Oᵀ; left
     # operands from registers with K (Sᵀ) or BT (Uᵀ) columns.
-    acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
-    acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                    instr_shape=[16, K, 16])
+    acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                    instr_shape=[16, BT, 16])
     a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
     a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
 
