@@ -358,12 +358,13 @@ def test_windows_by_rule(monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="the wide stage 2 is a Gluon kernel (Hopper)")
-@pytest.mark.parametrize("lens,B,T,with_h0,state_v_first", [
-    (None, 2, 1000, True, True),              # fixed length, a partial last chunk
-    ((0, 33, 1000, 64), None, None, False, True),   # packed: an empty sequence, partial chunks, no h0
-    ((300, 17, 700), None, None, True, False),     # the state K-first
+@pytest.mark.parametrize("lens,B,T,K,with_h0,state_v_first", [
+    (None, 2, 1000, 128, True, True),              # fixed length, a partial last chunk
+    ((0, 33, 1000, 64), None, None, 128, False, True),   # packed: an empty sequence, partial chunks, no h0
+    ((300, 17, 700), None, None, 128, True, False),     # the state K-first
+    ((300, 17, 700), None, None, 64, True, True),       # keys of 64 channels, values of 128
 ])
-def test_wide_stage2_gives_the_two_program_results_bit_for_bit(lens, B, T, with_h0, state_v_first, monkeypatch):
+def test_wide_stage2_gives_the_two_program_results_bit_for_bit(lens, B, T, K, with_h0, state_v_first, monkeypatch):
     # Both value blocks of a head in one program of two warpgroups: each warpgroup computes its 64 state rows
     # exactly as a program of its own would, so the results are the same bits. The launches are recorded,
     # so that the test fails if the wide kernel did not run.
@@ -372,7 +373,7 @@ def test_wide_stage2_gives_the_two_program_results_bit_for_bit(lens, B, T, with_
     if not _is_hopper(torch.device("cuda")):
         pytest.skip("needs Hopper")
     kw = dict(lens=lens) if lens is not None else dict(B=B, T=T)
-    x, p, shape = make(**kw, H=2, HV=4, K=128, V=128, seed=11, with_h0=with_h0, state_v_first=state_v_first)
+    x, p, shape = make(**kw, H=2, HV=4, K=K, V=128, seed=11, with_h0=with_h0, state_v_first=state_v_first)
     launched = []
     launch = kernels.launch
 
