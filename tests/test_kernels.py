@@ -394,20 +394,25 @@ def test_wide_stage2_gives_the_two_program_results_bit_for_bit(lens, B, T, K, wi
 
 
 def test_wide_stage2_by_rule(monkeypatch):
-    # One program per head only while stage 2 has more (two-program) programs than SMs and the sequences
-    # average WIDE_MIN_TOKENS or more; V must be two value blocks; STAGE2_WIDE forces it where it can run.
+    # One program per head only with 128-channel keys, at least WIDE_MIN_HEAD_SHARE two-program programs per
+    # SM for one sequence, sequences averaging WIDE_MIN_TOKENS or more, and V of two value blocks;
+    # STAGE2_WIDE forces it where it can run.
     from fastkda import kernels
     monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
-    wide = lambda N, HV, T_total, V=128: kernels.stage2_wide(N, HV, V, T_total, None)
-    assert wide(1, 96, 8192)                 # H96, 8,192 tokens: 192 programs
-    assert wide(6, 64, 8192)                 # H64, six sequences averaging 1,365 tokens: 768 programs
-    assert not wide(1, 64, 8192)             # 128 programs: one per SM
-    assert not wide(256, 32, 256 * 64)       # 256 sequences of 64 tokens: state loads and stores dominate
-    assert not wide(65, 32, 8192 + 64 * 64)  # one long sequence among short ones (average 189 tokens)
+    wide = lambda N, HV, T_total, K=128, V=128: kernels.stage2_wide(N, HV, K, V, T_total, None)
+    assert wide(1, 96, 8192)                 # H96, 8,192 tokens: 192 programs, 1.45 per SM
+    assert wide(6, 96, 8192)                 # H96, six sequences averaging 1,365 tokens
+    assert wide(9, 96, 8192 + 8 * 1024)      # a long sequence among shorter ones: its own programs fill the GPU
+    assert not wide(1, 88, 8192)             # 176 programs: 1.33 per SM
+    assert not wide(1, 64, 8192)             # 128 programs: one per SM, bound by the chains
+    assert not wide(8, 64, 8192)             # H64, 8 x 1,024: one sequence's programs do not fill the GPU
+    assert not wide(9, 32, 8192 + 8 * 1024)  # a long sequence among shorter ones, 64 programs: its chain bounds
+    assert not wide(256, 96, 256 * 64)       # 256 sequences of 64 tokens: state loads and stores dominate
+    assert not wide(1, 96, 8192, K=64)       # smaller tiles: not measured to pay
     assert not wide(1, 96, 8192, V=64)       # one value block only
     minimum = kernels.WIDE_MIN_TOKENS
     assert wide(8, 96, 8 * minimum) and not wide(8, 96, 8 * minimum - 1)
     monkeypatch.setattr(kernels, "STAGE2_WIDE", True)
-    assert wide(1, 64, 8192) and not wide(1, 96, 8192, V=64)
+    assert wide(1, 64, 8192) and wide(1, 96, 8192, K=64) and not wide(1, 96, 8192, V=64)
     monkeypatch.setattr(kernels, "STAGE2_WIDE", False)
     assert not wide(1, 96, 8192)

@@ -12,8 +12,8 @@
                                                       sequences first: reads v and the stage-1 tensors;
                                                       writes out, state
 
-Wide stage 2 (stage2_wide; the GPU full of stage-2 programs, sequences not short): both value blocks of a
-head in one program of two warpgroups, which copies the head's stage-1 tiles once instead of twice.
+Wide stage 2 (stage2_wide; many heads, sequences not short: stage 2 bound by memory traffic): both value
+blocks of a head in one program of two warpgroups, which copies the head's stage-1 tiles once, not twice.
 
 Windows (stage2_windows; few heads, long fixed-length sequences, where stage 2's chain of chunks bounds the
 forward and leaves most SMs idle): the chunk slots are cut into up to MAX_WINDOWS windows, and stage 1 of
@@ -52,7 +52,8 @@ STAGE1_WARPS = 4
 STAGE1_MAXNREG = 168   # registers per thread in stage 1: three programs per SM (docs/perf-notes.md)
 STAGE2_WARPS = 4
 STAGE2_WIDE = None    # both value blocks of a head in one stage-2 program (stage2_wide): None by rule; a bool forces it
-WIDE_MIN_TOKENS = 512   # ... only for sequences this long on average (shorter ones: two programs overlap better)
+WIDE_MIN_HEAD_SHARE = 1.45   # ... only with at least this many (two-program) programs per SM per sequence
+WIDE_MIN_TOKENS = 512   # ... and sequences this long on average (shorter ones: two programs overlap better)
 STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, Triton kernel)
 STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
 STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
@@ -273,7 +274,7 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
         return
     gluon = gluon_stage2_applies(st, v)
     BV, warps = min(VALUE_BLOCK, V), STAGE2_WARPS
-    if gluon and window is None and stage2_wide(st.N, HV, V, B * T, v.device):
+    if gluon and window is None and stage2_wide(st.N, HV, K, V, B * T, v.device):
         BV, warps = V, 2 * STAGE2_WARPS
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
     # Both stage-2 kernels take the same arguments; each adds its own compile-time settings.
@@ -307,18 +308,22 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def stage2_wide(N: int, HV: int, V: int, T_total: int, device: torch.device) -> bool:
+def stage2_wide(N: int, HV: int, K: int, V: int, T_total: int, device: torch.device) -> bool:
     """Whether the Gluon stage 2 runs both value blocks of a head (V = 2 · VALUE_BLOCK) in one program of two
-    warpgroups (run_recurrence): it copies the head's stage-1 tiles once instead of twice, and its two chains
-    step together (a CTA barrier per chunk). That pays while the GPU is full of stage-2 programs (more than
-    SMs) and the sequences average WIDE_MIN_TOKENS or more; where one program per SM is possible, or
-    sequences are short (bound by their state loads and stores, which two independent programs overlap
-    better), two programs are faster (docs/perf-notes.md, session 12). STAGE2_WIDE forces it."""
+    warpgroups (run_recurrence): it copies the head's stage-1 tiles once instead of twice, but its two chains
+    step together (a CTA barrier per chunk: 1.23 µs per step against 1.09 for two programs sharing an SM).
+    It pays where stage 2 is bound by memory traffic rather than by its chains: K = 128 (the larger tiles),
+    one sequence's own programs at least WIDE_MIN_HEAD_SHARE per SM (so that even the last, longest
+    sequence's chains keep the memory system busy: measured −2% at 1.45, 0..+1.6% at 1.03–1.33, +19% at
+    0.97; a long sequence among short ones with 0.48 per SM: +10%), and sequences of WIDE_MIN_TOKENS or more
+    on average (short ones are bound by their state loads and stores, which two independent programs overlap
+    better: +6% at 64 tokens). docs/perf-notes.md, session 12. STAGE2_WIDE forces it."""
     if V != 2 * VALUE_BLOCK:
         return False
     if STAGE2_WIDE is not None:
         return STAGE2_WIDE
-    return _stage2_programs(N, HV, V) > _sm_count(device) and T_total >= WIDE_MIN_TOKENS * N
+    return (K == 128 and _stage2_programs(1, HV, V) >= WIDE_MIN_HEAD_SHARE * _sm_count(device)
+            and T_total >= WIDE_MIN_TOKENS * N)
 
 
 def stage2_windows(q, k, g, v, cu_seqlens) -> int:
