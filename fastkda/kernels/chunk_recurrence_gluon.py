@@ -48,13 +48,8 @@ def _copy_tile(dst, base, R: gl.constexpr, C: gl.constexpr, row_stride, L: gl.co
 
 @gluon.jit
 def _ptx(asm: gl.constexpr):
-    """One PTX instruction without operands or result (griddepcontrol, nanosleep)."""
+    """One PTX instruction without operands or result (griddepcontrol, nanosleep, fence)."""
     gl.inline_asm_elementwise(asm + " // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _fence_acq_rel():
-    gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -179,7 +174,7 @@ def _chunk_recurrence_gluon_kernel(
         if window_idx > 0:
             while gl.load(flag, volatile=True) != window_idx:
                 _ptx("nanosleep.u32 1000;")   # (not an issue slot taken from a chain on this SM)
-            _fence_acq_rel()
+            _ptx("fence.acq_rel.gpu;")
         if (c_begin > 0) & (c_begin < c_end):           # the sequence started in an earlier window
             b_st = gl.load(state_buf + o_state)
         elif HAS_H0:
@@ -241,7 +236,7 @@ def _chunk_recurrence_gluon_kernel(
                 gl.store(state_buf + o_state, b_st)
             elif STORE_HT:
                 gl.store(ht + o_state, b_st.to(ht.dtype.element_ty))
-        _fence_acq_rel()                                 # this thread's stores (state, outputs), GPU-wide
+        _ptx("fence.acq_rel.gpu;")                       # this thread's stores (state, outputs), GPU-wide
         _cta_barrier()                                   # ... and every thread's
         gl.store(flag, window_idx + 1)                   # (every thread stores the same value)
     elif STORE_HT:
