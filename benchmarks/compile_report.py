@@ -279,7 +279,7 @@ def main():
     # The Gluon stage 1 (what runs on Hopper with bf16 inputs).
     from fastkda.kernels.chunk_prepare_gluon import _chunk_prepare_gluon_kernel
     compiled = compile_sm90(_chunk_prepare_gluon_kernel, _gluon_stage1_constexprs(D, True), 4, 1,
-                            kernels.STAGE1_GLUON_MAXNREG, source=GluonASTSource)
+                            kernels.STAGE1_GLUON_MAXNREG, source=GluonASTSource, types=gluon_stage1_types(D))
     print(f"stage 1, Gluon (BT={BT}, D={D}, 4 warps, maxnreg {kernels.STAGE1_GLUON_MAXNREG}): {report(compiled)}")
     if args.by_line:
         print(by_line(compiled, args.by_line))
