@@ -242,7 +242,7 @@ def check_all(D: int) -> int:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warps", type=int, default=None, help="both stages (default: the launcher's rule)")
-    ap.add_argument("--chunk", type=int, default=32, help="BT")
+    ap.add_argument("--chunk", type=int, default=32, help="BT of the Triton kernels (the Gluon ones: the launcher's)")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--by-line", type=int, default=0, metavar="N",
                     help="also list the N source lines that move the most shared-memory bytes, and the N with "
@@ -268,21 +268,13 @@ def main():
         print(f"{title}: {report(compiled)}")
         if args.by_line:
             print(by_line(compiled, args.by_line))
-    # The Gluon stage 2 (what runs on Hopper with bf16 values).
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from fastkda.kernels.chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
-    gluon2 = dict(common, V=D, BV=64, HAS_H0=True, STORE_HT=True, **kernels._gluon_layouts(D, 64, BT))
-    compiled = compile_sm90(_chunk_recurrence_gluon_kernel, gluon2, kernels.STAGE2_WARPS, 1, source=GluonASTSource)
-    print(f"stage 2, Gluon (BT={BT}, D={D}, {kernels.STAGE2_WARPS} warps): {report(compiled)}")
-    if args.by_line:
-        print(by_line(compiled, args.by_line))
-    # The Gluon stage 1 (what runs on Hopper with bf16 inputs).
-    from fastkda.kernels.chunk_prepare_gluon import _chunk_prepare_gluon_kernel
-    compiled = compile_sm90(_chunk_prepare_gluon_kernel, _gluon_stage1_constexprs(D, True), 4, 1,
-                            kernels.STAGE1_GLUON_MAXNREG, source=GluonASTSource, types=gluon_stage1_types(D))
-    print(f"stage 1, Gluon (BT={BT}, D={D}, 4 warps, maxnreg {kernels.STAGE1_GLUON_MAXNREG}): {report(compiled)}")
-    if args.by_line:
-        print(by_line(compiled, args.by_line))
+    # The Gluon kernels (what runs on Hopper with bf16 inputs), as the launcher configures them (its BT).
+    for name, kernel, consts, warps, stages, nreg, source, types in launcher_configurations(D):
+        if name in ("stage 2 (Gluon), bf16", "stage 1 (Gluon), bf16, packed"):
+            compiled = compile_sm90(kernel, consts, warps, stages, nreg, source=source, types=types)
+            print(f"{name} (BT={kernels.CHUNK_SIZE}, D={D}, {warps} warps): {report(compiled)}")
+            if args.by_line:
+                print(by_line(compiled, args.by_line))
 
 
 if __name__ == "__main__":
