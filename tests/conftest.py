@@ -3,6 +3,7 @@
 TRITON_INTERPRET must be set before triton is first imported, hence here, at collection time.
 """
 
+import importlib.util
 import os
 
 import torch
@@ -10,3 +11,12 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def benchmark_script(name: str):
+    """benchmarks/<name>.py loaded as a module (the scripts are not a package)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "benchmarks", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

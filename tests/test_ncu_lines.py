@@ -1,18 +1,12 @@
 """benchmarks/ncu_lines.py: ncu's per-instruction counters summed by source line through the cubin's line table."""
 
-import importlib.util
-import os
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import benchmark_script
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("ncu_lines", os.path.join(ROOT, "benchmarks", "ncu_lines.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("ncu_lines")
 
 
 SASS = """

@@ -1,21 +1,18 @@
 """benchmarks/stage_variants.py: variants are the library's kernels with exact text substitutions."""
 
-import importlib.util
 import os
 
 import pytest
 
 from fastkda.kernels import chunk_prepare
 
+from conftest import benchmark_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tool():
-    path = os.path.join(ROOT, "benchmarks", "stage_variants.py")
-    spec = importlib.util.spec_from_file_location("stage_variants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("stage_variants")
 
 
 def test_a_variant_is_the_kernel_source_with_its_substitutions(tmp_path):

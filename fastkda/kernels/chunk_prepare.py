@@ -109,6 +109,20 @@ def _chunk_tables_kernel(cu_seqlens, chunk_offsets, seq_order, chunk_rows, N, n_
 
 
 @triton.jit
+def _chunk_span(i_c, chunk_rows, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(first token, end of its sequence) of chunk slot i_c: from the chunk-row table of packed sequences, or
+    by arithmetic for sequences of one length T (slot = sequence · ceil(T / BT) + chunk)."""
+    if IS_VARLEN:
+        t0 = tl.load(chunk_rows + 2 * i_c)
+        eos = tl.load(chunk_rows + 2 * i_c + 1)
+    else:
+        NT = tl.cdiv(T, BT)
+        eos = (i_c // NT + 1) * T
+        t0 = eos - T + (i_c % NT) * BT
+    return t0, eos
+
+
+@triton.jit
 def _load_rows(ptr, rows, row_stride, cols, mask):
     return tl.load(ptr + rows[:, None] * row_stride + cols[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
 
@@ -178,14 +192,8 @@ def _chunk_prepare_kernel(
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
 
-    # Locate the chunk: sequence n and its first token t0; rows at or past eos are padding.
-    if IS_VARLEN:
-        t0 = tl.load(chunk_rows + 2 * i_c)
-        eos = tl.load(chunk_rows + 2 * i_c + 1)
-    else:
-        NT = tl.cdiv(T, BT)
-        eos = (i_c // NT + 1) * T
-        t0 = eos - T + (i_c % NT) * BT
+    # Locate the chunk: its first token t0; rows at or past eos are padding.
+    t0, eos = _chunk_span(i_c, chunk_rows, T, BT, IS_VARLEN)
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)

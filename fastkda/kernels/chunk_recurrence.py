@@ -33,6 +33,23 @@ from .matmul import _mm
 
 
 @triton.jit
+def _sequence_span(i_nh, HV, seq_order, cu_seqlens, chunk_offsets, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(sequence n, its first token, its end, its first chunk slot) of program row i_nh = (sequence rank) · HV +
+    head: packed sequences longest first (seq_order, kernels/__init__.py), else in order."""
+    if IS_VARLEN:
+        n = tl.load(seq_order + i_nh // HV)
+        bos = tl.load(cu_seqlens + n).to(tl.int32)
+        eos = tl.load(cu_seqlens + n + 1).to(tl.int32)
+        c_first = tl.load(chunk_offsets + n)
+    else:
+        n = i_nh // HV
+        bos = n * T
+        eos = bos + T
+        c_first = n * tl.cdiv(T, BT)
+    return n, bos, eos, c_first
+
+
+@triton.jit
 def _chunk_recurrence_kernel(
     a1, tb, aqk, kt, gl, v,
     h0, ht, o,
@@ -45,16 +62,7 @@ def _chunk_recurrence_kernel(
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_hv = i_nh % HV
-    if IS_VARLEN:
-        n = tl.load(seq_order + i_nh // HV)      # the longest sequences' programs first (kernels/__init__.py)
-        bos = tl.load(cu_seqlens + n).to(tl.int32)
-        eos = tl.load(cu_seqlens + n + 1).to(tl.int32)
-        c_first = tl.load(chunk_offsets + n)
-    else:
-        n = i_nh // HV
-        bos = n * T
-        eos = bos + T
-        c_first = n * tl.cdiv(T, BT)
+    n, bos, eos, c_first = _sequence_span(i_nh, HV, seq_order, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
     n_chunks = tl.cdiv(eos - bos, BT)
 
     o_t = tl.arange(0, BT)
