@@ -7,7 +7,7 @@ import torch
 from fastkda.bench.tasks import Task, make_inputs
 from fastkda.kernels import CHUNK_SIZE as BT
 
-from conftest import benchmark_script
+from conftest import HAS_CUDA, benchmark_script
 
 
 def _tool():
@@ -29,7 +29,7 @@ def _chunks(x):
 def test_traffic_kernels_touch_the_designs_blocks(seq_lens, fixed):
     tool = _tool()
     H, D = 2, 128
-    x = make_inputs(Task("t", H, seq_lens, fixed=fixed, D=D), "cpu", seed=3)
+    x = make_inputs(Task("t", H, seq_lens, fixed=fixed, D=D), "cuda" if HAS_CUDA else "cpu", seed=3)
     q, k, g, beta, v = (t.reshape(-1, H, D) if t.dim() == 4 else t.reshape(-1, H) for t in (x.q, x.k, x.g, x.beta, x.v))
     launch, buf = tool.traffic(x)
     launch["stage1"]()
