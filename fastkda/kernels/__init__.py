@@ -157,9 +157,9 @@ def _plan_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seq
                                  (sdt, (HV, slots, BT, BT)), (sdt, (HV, slots, BT, K)), (torch.float32, (slots, HV, K)))
     st = Stage1(a1=a1, tb=tb, aqk=aqk, kt=kt, gl=gl, chunk_offsets=chunk_offsets, seq_order=seq_order,
                 n_chunks=n_chunks, N=N)
-    # Both stage-1 kernels take the same arguments; each adds its own compile-time settings.
-    args = (q, k, g, beta, A_log, dt_bias, st.a1, st.tb, st.aqk, st.kt, st.gl, chunk_rows,
-            T, slots, scale, 0.0 if lower_bound is None else lower_bound, H, HV)
+    # Both stage-1 kernels take these arguments (the Gluon one a1, kt and aqk as TMA descriptors, below); each
+    # adds its own compile-time settings.
+    tail = (chunk_rows, T, slots, scale, 0.0 if lower_bound is None else lower_bound, H, HV)
     common = dict(K=K, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm,
                   USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid, HAS_A_LOG=A_log is not None,
                   HAS_DT_BIAS=dt_bias is not None)
@@ -177,15 +177,15 @@ def _plan_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seq
                 lo, hi = window
                 grid = (hi - lo, HV)
                 extra = dict(slot_lo=lo, WINDOWED=True, launch_pdl=pdl)
-            launch(_chunk_prepare_gluon_kernel, grid,
-                   *args, **common, HV_PER_H=HV // H, **descriptors, num_warps=4,  # one warpgroup
+            launch(_chunk_prepare_gluon_kernel, grid, q, k, g, beta, A_log, dt_bias, st.tb, st.gl, *tail,
+                   **common, HV_PER_H=HV // H, **descriptors, num_warps=4,  # one warpgroup
                    **({} if STAGE1_GLUON_MAXNREG is None else {"maxnreg": STAGE1_GLUON_MAXNREG}), **extra)
         else:
             assert window is None, "windows need the Gluon stage 1"
             # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
             launch(_chunk_prepare_kernel, (n_chunks, HV),
-                   *args, **common, DOT_PRECISION="ieee" if INTERPRETING else "tf32",
-                   MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=INTERPRETING,
+                   q, k, g, beta, A_log, dt_bias, st.a1, st.tb, st.aqk, st.kt, st.gl, *tail, **common,
+                   DOT_PRECISION="ieee" if INTERPRETING else "tf32", MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=INTERPRETING,
                    num_warps=STAGE1_WARPS, num_stages=1,
                    **({} if STAGE1_MAXNREG is None else {"maxnreg": STAGE1_MAXNREG}))
     return st, stage1

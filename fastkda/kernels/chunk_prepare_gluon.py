@@ -178,7 +178,7 @@ def _w_block(h, e_r, pq_s, tbh_s, tbl_s, w_s, BT: gl.constexpr, KB: gl.constexpr
 @gluon.jit
 def _chunk_prepare_gluon_kernel(
     q, k, g, beta, A_log, dt_bias,
-    a1, tb, aqk, kt, gl_ptr,                          # a1, aqk, kt: written through the descriptors below
+    tb, gl_ptr,                                       # a1, kt, aqk: written through the descriptors below
     chunk_rows,
     T, NC, scale, lower_bound,
     H, HV, K: gl.constexpr, HV_PER_H: gl.constexpr,
