@@ -4,7 +4,9 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import time
+import types
 from dataclasses import asdict, dataclass
 
 import pytest
@@ -264,6 +266,16 @@ def test_impls_resolution(monkeypatch):
     for bad in ("fastkda", "nonexistent_module_xyz:fwd", "fastkda:no_such_fn", ":fwd"):
         with pytest.raises(ValueError):
             custom_impl(bad)
+
+
+def test_flash_kda_is_used_when_importable(monkeypatch):
+    # An importable flash_kda is benchmarked side by side (its fwd, its version), not reported missing.
+    fake = types.ModuleType("flash_kda")
+    fake.fwd = lambda *args, **kwargs: None
+    fake.__version__ = "9.9"
+    monkeypatch.setitem(sys.modules, "flash_kda", fake)
+    impl = bimpls.flash_kda_impl()
+    assert impl.available and impl.fwd is fake.fwd and impl.version == "9.9", impl.reason
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ allocation is part of fla's cost; its ``fwd`` wrapper copies fla's results into 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 from dataclasses import dataclass
