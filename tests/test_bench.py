@@ -209,6 +209,45 @@ def test_cuda_timing_measures_host_time_per_call():
     assert 1.5 <= st.host_ms <= st.median_ms * 1.5 and st.median_ms >= 1.5
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_timing_replays_the_gpu_work_without_the_host_work():
+    # A call that sleeps 2 ms on the host and adds on the GPU: eager it takes >= 2 ms; replayed from a graph
+    # the sleep happened once, at capture, and each replay still adds (the GPU work is what is timed).
+    x = torch.zeros(1 << 20, device="cuda")
+
+    def call():
+        time.sleep(2e-3)
+        x.add_(1.0)
+    st = timing.time_cuda_graph(call, warmup=2, repeats=20, rounds=2)
+    torch.cuda.synchronize()
+    assert st.method == "cuda_graph_replay" and st.n == 20 and st.warmup == 2
+    assert st.median_ms < 0.5
+    # 2 warm-up calls, 1 on the side stream, 1 replay after capture, 20 timed replays (the capture adds none)
+    assert float(x[0]) == 2 + 1 + 1 + 20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_benchmark_times_fastkda_from_a_graph():
+    # fastkda is capturable (no host synchronisation): validated eagerly, then timed by graph replay.
+    task = Task("H4_varlen_small", 4, (300, 17, 700))
+    res = run_benchmark([task], [bimpls.fastkda_impl()], device="cuda", warmup=2, repeats=10, bandwidth=BW,
+                        progress=None, timing="graph")
+    r = res.tasks[0].results["fastkda"]
+    assert r.status == "ok", r.error
+    assert r.timing.method == "cuda_graph_replay" and res.settings["timing_method"] == "cuda_graph_replay"
+    assert 0 < r.timing.median_ms < 1.0
+
+
+def test_graph_timing_needs_cuda(monkeypatch, capsys):
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        timing.timer_for("cpu", "graph")
+    with pytest.raises(ValueError, match="expected one of"):
+        timing.timer_for("cpu", "graphs")
+    assert timing.timer_for("cpu") is timing.time_host
+    assert main(["--device", "cpu", "--timing", "graph", "--tasks", "H4_fixed_512"]) == 2
+    assert "--timing graph needs a CUDA device" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------------------------------------
 # inputs and implementations
 

@@ -134,12 +134,14 @@ def run_benchmark(
     timer: Optional[Callable] = None,
     bandwidth: Optional[Bandwidth] = None,
     progress: Optional[TextIO] = _STDERR,
+    timing: str = "events",
 ) -> BenchResult:
     """Run ``tasks`` for ``impls`` (default: fastkda, flash_kda, fla) on ``device``.
 
     Task ``i`` (from 0) gets inputs from seed ``seed + i``; validation draws fresh inputs of its own (its
     seeds are recorded). ``warmup``/``repeats`` default to 20/300 on CUDA and 1/5 on a CPU. ``quick_check``,
     ``timer`` and ``bandwidth`` default to :func:`resolve_quick_check`, :func:`fastkda.bench.timing.timer_for`
+    (``timing``: "events", each call eager, or "graph", each call replayed from a CUDA graph: GPU time only)
     and a fresh :func:`fastkda.bench.timing.copy_bandwidth` measurement. Progress lines go to ``progress``
     (``sys.stderr`` by default, None for silence).
     """
@@ -151,7 +153,7 @@ def run_benchmark(
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     impls = list(impls) if impls is not None else resolve_impls()
     quick_check = quick_check or resolve_quick_check()
-    timer = timer or timer_for(device)
+    timer = timer or timer_for(device, timing)
     say = _Progress(sys.stderr if progress is _STDERR else progress)
     if kind == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
@@ -173,7 +175,7 @@ def run_benchmark(
         results.append(run_task(task, impls, device=device, index=i + 1, total=len(tasks), seed=seed + i,
                                 bandwidth=bandwidth, quick_check=quick_check, timer=timer, warmup=warmup,
                                 repeats=repeats, rounds=rounds, say=say))
-    method = "cuda_events" if kind == "cuda" else "host_clock"
+    method = ("cuda_graph_replay" if timing == "graph" else "cuda_events") if kind == "cuda" else "host_clock"
     settings = {"warmup": warmup, "repeats": repeats, "rounds": rounds, "seed": seed, "timing_method": method,
                 "validation": "fastkda.validation.quick_check on each task's shape before timing, fresh seed"}
     return BenchResult(suite=suite_name, label=label, environment=env, settings=settings, bandwidth=bandwidth,

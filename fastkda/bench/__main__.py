@@ -4,6 +4,7 @@
     python -m fastkda.bench --suite extended             # long/short/many-sequence shapes
     python -m fastkda.bench --tasks H96_fixed_8192,H64_varlen_mixed --repeats 600
     python -m fastkda.bench --impl mypkg.kda:fwd         # add an implementation with FlashKDA's fwd signature
+    python -m fastkda.bench --timing graph               # GPU time only: each call replayed from a CUDA graph
     python -m fastkda.bench --device cpu                 # CPU reference path (small shapes), not a GPU benchmark
     python -m fastkda.bench --list                       # the tasks of every suite
 
@@ -24,6 +25,7 @@ from . import default_device, resolve_quick_check, run_benchmark
 from .impls import resolve_impls
 from .report import MAIN, default_paths, format_table, write_json, write_png
 from .tasks import SUITES, bytes_moved, select_tasks, suite
+from .timing import TIMINGS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=None, help="timed calls per task (default 300 on CUDA, 5 on CPU)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 20 on CUDA, 1 on CPU)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--timing", choices=TIMINGS, default="events",
+                   help="events: each call eager between CUDA events, as a caller sees it (default); graph: each "
+                        "call replayed from a CUDA graph, the GPU's time alone (CUDA only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the timing inputs (task i uses seed + i)")
     p.add_argument("--out-dir", default="benchmarks/results",
                    help="directory of bench-<device>-<date>.json/.png (default: benchmarks/results)")
@@ -71,6 +76,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 2
+    if args.timing == "graph" and dev.type != "cuda":
+        print(f"error: --timing graph needs a CUDA device, got --device {device}", file=sys.stderr)
+        return 2
     try:
         if args.tasks:
             tasks = select_tasks(args.tasks.split(","))
@@ -93,7 +101,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result = run_benchmark(tasks, impls, device=dev, warmup=args.warmup, repeats=args.repeats, seed=args.seed,
-                           suite_name=suite_name, quick_check=quick_check)
+                           suite_name=suite_name, quick_check=quick_check, timing=args.timing)
 
     print(format_table(result))
     json_path, png_path = default_paths(args.out_dir, result.environment)

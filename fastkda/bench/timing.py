@@ -6,6 +6,12 @@ timed calls is reported -- the peers' protocol (20 warm-up calls, 300 timed call
 time to issue the calls is measured beside them (``host_ms``): where it reaches the measured time, the calls
 waited for the host, and the GPU time of one call is lower than reported.
 
+With ``--timing graph`` (:func:`time_cuda_graph`) one call is captured in a CUDA graph after the warm-up and
+the graph is replayed instead, each replay between its own pair of events: the host then issues one graph
+launch per call, so the times are the GPU's alone (no argument checks, allocation or kernel launches in
+Python). That tells GPU time from host time on a slow host; the default, eager timing is what a caller of
+the function sees, and what the peers' recorded times are.
+
 The copy bandwidth is that of a large device-to-device ``copy_``, counting the bytes read and the bytes
 written, median of several copies. It is what the memory floor of a task is divided by.
 """
@@ -96,6 +102,33 @@ def time_cuda(fn: Callable[[], object], *, warmup: int = DEFAULT_WARMUP["cuda"],
                      host_ms=statistics.median(host))
 
 
+def time_cuda_graph(fn: Callable[[], object], *, warmup: int = DEFAULT_WARMUP["cuda"],
+                    repeats: int = DEFAULT_REPEATS["cuda"], rounds: int = DEFAULT_ROUNDS) -> TimingStats:
+    """Median GPU time of ``fn()`` replayed from a CUDA graph (one call captured after ``warmup`` eager calls),
+    each replay between its own pair of events, replays back to back within a round. ``fn`` must be capturable:
+    no host synchronisation, device memory from PyTorch's allocator only. The graph replays the captured call's
+    work on the captured tensors, host-side effects of ``fn`` happen once, at capture."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    # One call on a side stream first, as PyTorch asks before a capture (lazy initialisations happen there).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    stats = time_cuda(graph.replay, warmup=0, repeats=repeats, rounds=rounds)
+    del graph
+    stats.warmup, stats.method = warmup, "cuda_graph_replay"
+    return stats
+
+
 def time_host(fn: Callable[[], object], *, warmup: int = DEFAULT_WARMUP["cpu"],
               repeats: int = DEFAULT_REPEATS["cpu"], rounds: int = 1) -> TimingStats:
     """Median wall time of ``fn()`` from the host clock (for the CPU reference path)."""
@@ -111,9 +144,19 @@ def time_host(fn: Callable[[], object], *, warmup: int = DEFAULT_WARMUP["cpu"],
     return summarize(times, warmup=warmup, rounds=1, method="host_clock")
 
 
-def timer_for(device) -> Callable[..., TimingStats]:
-    """:func:`time_cuda` for a CUDA device, :func:`time_host` otherwise."""
-    return time_cuda if torch.device(device).type == "cuda" else time_host
+TIMINGS = ("events", "graph")     # the benchmark's --timing choices
+
+
+def timer_for(device, timing: str = "events") -> Callable[..., TimingStats]:
+    """:func:`time_cuda` (``timing="events"``) or :func:`time_cuda_graph` (``"graph"``) for a CUDA device,
+    :func:`time_host` for a CPU (events only: a CPU has no graphs to replay)."""
+    if timing not in TIMINGS:
+        raise ValueError(f"timing: expected one of {TIMINGS}, got {timing!r}")
+    if torch.device(device).type != "cuda":
+        if timing != "events":
+            raise ValueError(f"timing: {timing!r} needs a CUDA device, got {torch.device(device)}")
+        return time_host
+    return time_cuda_graph if timing == "graph" else time_cuda
 
 
 @dataclass
