@@ -193,14 +193,28 @@ def _plan_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seq
 
 def _carve(device, *specs):
     """Contiguous tensors of the given (dtype, shape)s, views of one allocation (one allocator call instead of
-    one per tensor: host time on every call). Each starts at a multiple of 16 bytes (TMA, cp.async)."""
+    one per tensor: host time on every call). Each starts at a multiple of 16 bytes (TMA, cp.async). One
+    strided view per tensor, from one view of the buffer per dtype (fewer tensor operations: host time,
+    docs/perf-notes.md, session 13)."""
     sizes = [(math.prod(shape) * dt.itemsize + 15) // 16 * 16 for dt, shape in specs]
     buf = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
-    out, at = [], 0
+    as_dtype, out, at = {}, [], 0
     for (dt, shape), size in zip(specs, sizes):
-        out.append(buf[at:at + math.prod(shape) * dt.itemsize].view(dt).view(shape))
+        base = as_dtype.get(dt)
+        if base is None:
+            base = as_dtype[dt] = buf.view(dt)         # every size is a multiple of 16 bytes
+        out.append(base.as_strided(shape, _contiguous_strides(shape), at // dt.itemsize))
         at += size
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _contiguous_strides(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 def _stage1_descriptors(st: Stage1, K: int, BT: int) -> dict:
