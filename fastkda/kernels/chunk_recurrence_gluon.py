@@ -31,6 +31,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
 )
 
+from .chunk_recurrence import _sequence_span
+
 # cp.async of a pointer tile into shared memory: `async_copy_global_to_shared` up to Triton 3.6 (the device's),
 # renamed `async_load` later (CI's 3.9 raises on the old name).
 _cp_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
@@ -112,16 +114,7 @@ def _chunk_recurrence_gluon_kernel(
     i_v = gl.program_id(0)
     i_nh = gl.program_id(1)
     i_hv = i_nh % HV
-    if IS_VARLEN:
-        n = gl.load(seq_order + i_nh // HV)      # the longest sequences' programs first (kernels/__init__.py)
-        bos = gl.load(cu_seqlens + n).to(gl.int32)
-        eos = gl.load(cu_seqlens + n + 1).to(gl.int32)
-        c_first = gl.load(chunk_offsets + n)
-    else:
-        n = i_nh // HV
-        bos = n * T
-        eos = bos + T
-        c_first = n * gl.cdiv(T, BT)
+    n, bos, eos, c_first = _sequence_span(i_nh, HV, seq_order, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
     n_chunks = gl.cdiv(eos - bos, BT)
     c_begin = 0
     c_end = n_chunks
