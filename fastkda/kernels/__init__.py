@@ -185,7 +185,8 @@ def _plan_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seq
             # tf32 products on the GPU; the CPU interpreter emulates tf32 coarsely, so there: full fp32.
             launch(_chunk_prepare_kernel, (n_chunks, HV),
                    q, k, g, beta, A_log, dt_bias, st.a1, st.tb, st.aqk, st.kt, st.gl, *tail, **common,
-                   DOT_PRECISION="ieee" if INTERPRETING else "tf32", MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=INTERPRETING,
+                   DOT_PRECISION="ieee" if INTERPRETING else "tf32",
+                   MM_DTYPE=tl.float32 if sdt == torch.float32 else tl.bfloat16, INTERPRET=INTERPRETING,
                    num_warps=STAGE1_WARPS, num_stages=1,
                    **({} if STAGE1_MAXNREG is None else {"maxnreg": STAGE1_MAXNREG}))
     return st, stage1
