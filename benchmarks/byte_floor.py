@@ -128,7 +128,8 @@ def _fused_traffic(q, k, g, beta, v, h0, ht, o, cu_seqlens, chunk_offsets, seq_o
 
 
 def design_bytes(T: int, H: int, HV: int, D: int, N: int, slots: int) -> dict:
-    """Device-memory bytes each design must move (bf16 inputs and stage tensors, fp32 states and gl)."""
+    """Device-memory bytes each design must move (bf16 inputs and stage tensors, fp32 states and gl), the
+    stage tensors counted over all ``slots`` chunk slots (packed calls: one per sequence more than chunks)."""
     bf, f32, BT = 2, 4, CHUNK_SIZE
     qkg = T * (2 * H + HV) * D * bf + T * HV * bf                       # q, k, g, β
     values = out = T * HV * D * bf

@@ -21,6 +21,7 @@ from fastkda.bench.tasks import default_tasks, make_inputs, select_tasks
 from fastkda.bench.timing import copy_bandwidth
 from fastkda import kernels
 from fastkda.kernels import CHUNK_SIZE, prepare_chunks, run_recurrence
+from byte_floor import design_bytes   # benchmarks/ is the script's own folder, hence on sys.path
 
 
 def median_ms(fn, warmup=10, repeats=100):
@@ -37,16 +38,9 @@ def median_ms(fn, warmup=10, repeats=100):
     return times[len(times) // 2]
 
 
-def stage_bytes(T, H, D, N):
-    bf, f32 = 2, 4
-    inputs = T * H * (4 * D * bf + bf)
-    values = T * H * D * bf
-    stage1_out = T * H * (3 * D + 3 * CHUNK_SIZE) * bf            # a1 (2 D per token), kt, tb (2 BT), aqk
-    chunks = (T + CHUNK_SIZE - 1) // CHUNK_SIZE + N
-    gl = chunks * H * D * f32
-    state = 2 * N * H * D * D * f32
-    out = T * H * D * bf
-    return {"stage1": inputs - values + stage1_out + gl, "stage2": stage1_out + values + gl + state + out}
+def stage_slots(task) -> int:
+    """Chunk slots of the stage-1 tensors (kernels.chunk_tables: packed calls get one per sequence more)."""
+    return (task.T + CHUNK_SIZE - 1) // CHUNK_SIZE + (0 if task.fixed else task.N)
 
 
 def main():
@@ -88,7 +82,7 @@ def main():
         t2 = median_ms(lambda: run_recurrence(st, x.v, out=out, initial_state=x.initial_state, final_state=fs,
                                               cu_seqlens=x.cu_seqlens, state_v_first=True))
         tt = median_ms(full)
-        nb = stage_bytes(task.T, task.H, task.D, task.N)
+        nb = design_bytes(task.T, task.H, task.H, task.D, task.N, stage_slots(task))
         rows.append(dict(task=task.name, first_call_ms=first_ms, stage1_ms=t1, stage2_ms=t2, total_ms=tt,
                          stage1_TBps=nb["stage1"] / t1 / 1e9, stage2_TBps=nb["stage2"] / t2 / 1e9,
                          stage1_bytes=nb["stage1"], stage2_bytes=nb["stage2"]))

@@ -5,6 +5,7 @@ TRITON_INTERPRET must be set before triton is first imported, hence here, at col
 
 import importlib.util
 import os
+import sys
 
 import torch
 
@@ -15,8 +16,10 @@ if not HAS_CUDA:
 
 def benchmark_script(name: str):
     """benchmarks/<name>.py loaded as a module (the scripts are not a package)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "benchmarks", name + ".py"))
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    if folder not in sys.path:          # the scripts import each other as a script's own folder allows
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, name + ".py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -82,3 +82,15 @@ def test_design_bytes_count_what_each_design_moves():
     tensors = (3 * 128 + 3 * BT) * 2 + 128 * 4 / BT
     assert per_token_head["stage1"] == pytest.approx(3 * 256 + 2 + tensors)
     assert per_token_head["stage2"] == pytest.approx(tensors + 2 * 256 + states)
+
+
+def test_profile_stages_counts_the_slots_the_kernels_allocate():
+    # profile_stages takes its bytes from design_bytes, with as many chunk slots as fastkda.kernels allocates.
+    from fastkda.kernels import _plan_chunks
+    profile = benchmark_script("profile_stages")
+    for task in (Task("f", 2, (100,), fixed=True, D=64), Task("p", 2, (5, 37, 0, 33), D=64)):
+        x = make_inputs(task, "cuda" if HAS_CUDA else "cpu", seed=1)
+        st, _ = _plan_chunks(x.q, x.k, x.v, x.g, x.beta, scale=task.scale, A_log=x.A_log, dt_bias=x.dt_bias,
+                             lower_bound=task.lower_bound, cu_seqlens=x.cu_seqlens, use_qk_l2norm=True,
+                             use_gate=True, use_beta_sigmoid=True)
+        assert profile.stage_slots(task) == st.a1.shape[1]
