@@ -33,14 +33,8 @@ def test_cuda_graph_capture_and_replay_on_new_inputs():
     def call():
         fastkda.fwd(q, k, v, g, beta, D ** -0.5, out, A_log, dt_bias, -5.0, h0, ht, cu)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    from fastkda.bench.timing import capture_graph
+    graph = capture_graph(call)             # its first call, on a side stream, compiles outside the capture
     # new values, same shapes (new sequence boundaries too): the replay must follow them
     (q2, k2, v2, g2), beta2, cu2, h02 = _inputs([7, 250, 0, 240], H=H, seed=1)
     for dst, src in ((q, q2), (k, k2), (v, v2), (g, g2), (beta, beta2), (cu, cu2), (h0, h02)):

@@ -316,14 +316,8 @@ def test_windows_in_a_cuda_graph(monkeypatch):
     def call():
         forward(**x, **p, out=out, final_state=fs, state_v_first=True, use_qk_l2norm=True, use_gate=True,
                 use_beta_sigmoid=True, backend="triton")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    from fastkda.bench.timing import capture_graph
+    graph = capture_graph(call)
     x2, p2, _ = make(B=2, T=1000, H=2, HV=4, K=128, V=128, seed=6)
     for name in x:
         x[name].copy_(x2[name])

@@ -102,6 +102,20 @@ def time_cuda(fn: Callable[[], object], *, warmup: int = DEFAULT_WARMUP["cuda"],
                      host_ms=statistics.median(host))
 
 
+def capture_graph(fn: Callable[[], object]) -> "torch.cuda.CUDAGraph":
+    """One call of ``fn`` captured in a CUDA graph, after one call on a side stream, as PyTorch asks before a
+    capture (lazy initialisations happen there, outside the graph)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def time_cuda_graph(fn: Callable[[], object], *, warmup: int = DEFAULT_WARMUP["cuda"],
                     repeats: int = DEFAULT_REPEATS["cuda"], rounds: int = DEFAULT_ROUNDS) -> TimingStats:
     """Median GPU time of ``fn()`` replayed from a CUDA graph (one call captured after ``warmup`` eager calls),
@@ -112,15 +126,7 @@ def time_cuda_graph(fn: Callable[[], object], *, warmup: int = DEFAULT_WARMUP["c
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     for _ in range(warmup):
         fn()
-    # One call on a side stream first, as PyTorch asks before a capture (lazy initialisations happen there).
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(fn)
     graph.replay()
     torch.cuda.synchronize()
     stats = time_cuda(graph.replay, warmup=0, repeats=repeats, rounds=rounds)
