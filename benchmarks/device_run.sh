@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU must confirm, in one device call: cold/warm stage times, the full validation suite,
-# the six-task benchmark (validation first), the GPU test suite, and the traffic floors of the two-stage and
-# a fused design beside fastkda's stages (byte_floor.py). Logs and JSON go to $OUT.
+# the six-task benchmark (validation first), the GPU test suite, the traffic floors of the two-stage and
+# a fused design beside fastkda's stages (byte_floor.py), and where a stage-1 program's time goes
+# (stage1_phases.py). Logs and JSON go to $OUT.
 #
 #   FASTKDA_GIT_COMMIT=$(git rev-parse HEAD) bash benchmarks/device_run.sh            # fastkda only
 #   FASTKDA_GIT_COMMIT=... WITH_PEERS=1 bash benchmarks/device_run.sh                 # + fla (carry .whl)
@@ -28,4 +29,5 @@ tail -16 "$OUT/bench.log"
 python3 -m pytest -q tests -k "not full_validation" > "$OUT/pytest.log" 2>&1 || status=1
 tail -3 "$OUT/pytest.log"
 python3 benchmarks/byte_floor.py --json "$OUT/byte_floor.json" 2>&1 | tee "$OUT/byte_floor.log" | tail -8
+python3 benchmarks/stage1_phases.py --json "$OUT/stage1_phases.json" 2>&1 | tee "$OUT/stage1_phases.log" | tail -6
 exit $status
