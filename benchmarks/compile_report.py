@@ -179,16 +179,17 @@ def launcher_configurations(D: int = 64):
         yield (f"stage 2 (Triton), {dt} stage tensors, {vdt} values", _chunk_recurrence_kernel, consts,
                kernels.STAGE2_WARPS, stages, None, ASTSource, types)
     consts = dict(K=D, V=D, BV=kernels.VALUE_BLOCK, BT=BT, IS_VARLEN=True, HAS_H0=True, STORE_HT=True,
-                  **kernels._gluon_layouts(D, kernels.VALUE_BLOCK, BT))
-    yield ("stage 2 (Gluon), bf16", _chunk_recurrence_gluon_kernel, consts, kernels.STAGE2_WARPS, 1, None,
-           GluonASTSource, None)
+                  LOADER_REGS=kernels.STAGE2_LOADER_REGS)
+    for ring in (3, 6):       # the rings stage2_ring picks: two programs per SM, or one
+        yield (f"stage 2 (Gluon), bf16, {ring}-slot ring", _chunk_recurrence_gluon_kernel, dict(consts, RING=ring),
+               kernels.STAGE2_WARPS, 1, kernels._stage2_maxnreg(ring, False), GluonASTSource, None)
     if D == 2 * kernels.VALUE_BLOCK:
         yield ("stage 2 (Gluon), bf16, both value blocks in one program (stage2_wide)", _chunk_recurrence_gluon_kernel,
-               dict(consts, BV=D, **kernels._gluon_layouts(D, D, BT, 2 * kernels.STAGE2_WARPS)),
-               2 * kernels.STAGE2_WARPS, 1, None, GluonASTSource, None)
+               dict(consts, BV=D, RING=3), 2 * kernels.STAGE2_WARPS, 1, kernels._stage2_maxnreg(3, True),
+               GluonASTSource, None)
     yield ("stage 2 (Gluon), bf16, windows of chunks", _chunk_recurrence_gluon_kernel,
-           dict(consts, IS_VARLEN=False, WINDOWED=True), kernels.STAGE2_WARPS, 1, None, GluonASTSource,
-           dict(state_buf="*fp32", flags="*i32"))
+           dict(consts, IS_VARLEN=False, WINDOWED=True, RING=6), kernels.STAGE2_WARPS, 1,
+           kernels._stage2_maxnreg(6, False), GluonASTSource, dict(state_buf="*fp32", flags="*i32"))
     for varlen in (True, False):
         yield (f"stage 1 (Gluon), bf16, {'packed' if varlen else 'fixed-length'}", _chunk_prepare_gluon_kernel,
                _gluon_stage1_constexprs(D, varlen), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource,
@@ -270,7 +271,8 @@ def main():
             print(by_line(compiled, args.by_line))
     # The Gluon kernels (what runs on Hopper with bf16 inputs), as the launcher configures them (its BT).
     for name, kernel, consts, warps, stages, nreg, source, types in launcher_configurations(D):
-        if name in ("stage 2 (Gluon), bf16", "stage 1 (Gluon), bf16, packed"):
+        if name in ("stage 2 (Gluon), bf16, 3-slot ring", "stage 2 (Gluon), bf16, 6-slot ring",
+                    "stage 1 (Gluon), bf16, packed"):
             compiled = compile_sm90(kernel, consts, warps, stages, nreg, source=source, types=types)
             print(f"{name} (BT={kernels.CHUNK_SIZE}, D={D}, {warps} warps): {report(compiled)}")
             if args.by_line:

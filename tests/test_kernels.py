@@ -387,6 +387,61 @@ def test_wide_stage2_gives_the_two_program_results_bit_for_bit(lens, B, T, K, wi
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="the ring belongs to the Gluon stage 2 (Hopper)")
+@pytest.mark.parametrize("lens,B,T,with_h0,wide", [
+    (None, 2, 1000, True, False),               # fixed length, a partial last chunk
+    ((0, 33, 1000, 64), None, None, False, False),   # packed: an empty sequence, partial chunks, no h0
+    ((300, 17, 700), None, None, True, True),   # both value blocks in one program
+])
+def test_stage2_ring_depths_give_the_same_bits(lens, B, T, with_h0, wide, monkeypatch):
+    # The loader partition fills a ring of RING slots ahead of the chain; the chain's arithmetic does not depend
+    # on how far ahead, so every depth gives the same bits. The launches are recorded, so that the test fails
+    # if the forced depth did not run.
+    from fastkda import kernels
+    from fastkda.kernels import _is_hopper
+    if not _is_hopper(torch.device("cuda")):
+        pytest.skip("needs Hopper")
+    kw = dict(lens=lens) if lens is not None else dict(B=B, T=T)
+    x, p, shape = make(**kw, H=2, HV=4, K=128, V=128, seed=5, with_h0=with_h0, state_v_first=True)
+    monkeypatch.setattr(kernels, "STAGE2_WIDE", wide)
+    launched = []
+    launch = kernels.launch
+
+    def recording(kernel, grid, *args, **kwargs):
+        launched.append(kwargs.get("RING"))
+        return launch(kernel, grid, *args, **kwargs)
+    monkeypatch.setattr(kernels, "launch", recording)
+    results = []
+    for ring in ((2, 3, 4) if wide else (2, 3, 6)):
+        monkeypatch.setattr(kernels, "STAGE2_RING", ring)
+        launched.clear()
+        results.append(run_triton(x, p, shape, state_v_first=True))
+        assert ring in launched
+    assert not results[0][0].isnan().any() and not results[0][1].isnan().any()
+    for other in results[1:]:
+        assert torch.equal(results[0][0], other[0]) and torch.equal(results[0][1], other[1])
+
+
+def test_stage2_ring_by_rule(monkeypatch):
+    # Six slots where no two narrow programs need to share an SM, else three (two narrow programs per SM); a wide
+    # program always three. The register caps keep those occupancies: 8 warps (chain + loader) at 128 registers
+    # are half an SM's 64 K registers, 12 warps (wide) at 168 fit one SM.
+    from fastkda import kernels
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
+    assert kernels.stage2_ring(128, False, None) == 6        # H64, 8,192 tokens: one program per SM
+    assert kernels.stage2_ring(132, False, None) == 6
+    assert kernels.stage2_ring(133, False, None) == 3        # some SMs hold two programs
+    assert kernels.stage2_ring(1024, False, None) == 3       # H64, 8 x 1,024 tokens
+    assert kernels.stage2_ring(96, True, None) == 3          # H96 wide: 96 programs
+    monkeypatch.setattr(kernels, "STAGE2_RING", 4)
+    assert kernels.stage2_ring(1024, False, None) == 4 and kernels.stage2_ring(96, True, None) == 4
+    registers = 64 * 1024
+    assert kernels._stage2_maxnreg(3, False) * 8 * 32 * 2 <= registers
+    assert kernels._stage2_maxnreg(6, False) * 8 * 32 <= registers
+    assert kernels._stage2_maxnreg(3, True) * 12 * 32 <= registers
+    assert kernels._stage2_maxnreg(3, False) - kernels.STAGE2_LOADER_REGS > 0
+
+
 def test_wide_stage2_by_rule(monkeypatch):
     # One program per head only with 128-channel keys, at least WIDE_MIN_HEAD_SHARE two-program programs per
     # SM for one sequence, sequences averaging WIDE_MIN_TOKENS or more, and V of two value blocks;

@@ -27,7 +27,7 @@ columns in stage 2, 4 warps (both blocks of V = 128 in one program of 8 warps wh
 the Triton stage 1 capped at 168 registers (three programs per SM), the Gluon stage 1 at 96 (five
 programs per SM, with its 43 KB of shared memory), three pipeline stages
 for stage 2's loads (one for fp32 stage tensors, whose tiles would not fit shared memory three deep; the
-Gluon stage 2 keeps its own three-slot ring). Why these values: docs/perf-notes.md (measured on an H200).
+Gluon stage 2's loader warpgroup fills a ring of 3 or 6 slots: stage2_ring). Why these values: docs/perf-notes.md (measured on an H200).
 Arguments are assumed checked (fastkda.checks); this module only allocates the stage-1 tensors and launches.
 """
 
@@ -56,6 +56,8 @@ WIDE_MIN_HEAD_SHARE = 1.45   # ... only with at least this many (two-program) pr
 WIDE_MIN_TOKENS = 512   # ... and sequences this long on average (shorter ones: two programs overlap better)
 STAGE2_STAGES = 3     # pipeline depth of stage 2's loads (bf16 stage tensors, Triton kernel)
 STAGE2_GLUON = True   # stage 2 in Gluon where it applies (Hopper, bf16 values): chunk_recurrence_gluon.py
+STAGE2_RING = None    # slots of the Gluon stage 2's ring (stage2_ring): None by rule; an int forces it
+STAGE2_LOADER_REGS = 64   # registers per thread of the Gluon stage 2's loader warpgroup
 STAGE1_GLUON = True   # stage 1 in Gluon where it applies (Hopper, bf16 stage tensors): chunk_prepare_gluon.py
 STAGE1_GLUON_MAXNREG = 96    # five Gluon stage-1 programs per SM (43 KB of shared memory each)
 WINDOWS = None        # windows of chunk slots (stage2_windows): None by rule; an int sets the count (experiments)
@@ -264,20 +266,6 @@ def gluon_stage2_applies(st: Stage1, v) -> bool:
             and v.dtype == torch.bfloat16 and _aligned16(v) and _is_hopper(v.device))
 
 
-@functools.lru_cache(maxsize=None)
-def _gluon_layouts(K: int, BV: int, BT: int, warps: int = STAGE2_WARPS) -> dict:
-    """Register layouts of the Gluon stage 2's copies (``warps`` warps): 16-byte vectors along rows; gl one value
-    per thread."""
-    from triton.experimental.gluon import language as gl
-
-    def rows(cols):
-        lanes = min(32, cols // 8)
-        return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [warps, 1], [1, 0])
-
-    return dict(L_K=rows(K), L_T=rows(BT), L_V=rows(BV), L_O=rows(BV),
-                L_G=gl.BlockedLayout([max(1, K // (32 * warps))], [32], [warps], [0]))
-
-
 def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens, state_v_first,
                    window=None) -> None:
     """Stage 2: carry the state through each sequence (values ``v``), write ``out`` and ``final_state``.
@@ -288,9 +276,9 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
     if st.N == 0:
         return
     gluon = gluon_stage2_applies(st, v)
-    BV, warps = min(VALUE_BLOCK, V), STAGE2_WARPS
+    BV, warps, wide = min(VALUE_BLOCK, V), STAGE2_WARPS, False
     if gluon and window is None and stage2_wide(st.N, HV, K, V, B * T, v.device):
-        BV, warps = V, 2 * STAGE2_WARPS
+        BV, warps, wide = V, 2 * STAGE2_WARPS, True
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
     # Both stage-2 kernels take the same arguments; each adds its own compile-time settings.
     grid = (V // BV, st.N * HV)
@@ -305,12 +293,35 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
             lo, hi, index, state_buf, flags = window
             extra = dict(state_buf=state_buf, flags=flags, slot_lo=lo, slot_hi=hi, window_idx=index,
                          WINDOWED=True)
-        launch(_chunk_recurrence_gluon_kernel, grid, *args, **common, **_gluon_layouts(K, BV, CHUNK_SIZE, warps),
-               **extra)
+        ring = stage2_ring(grid[0] * grid[1], wide, v.device)
+        launch(_chunk_recurrence_gluon_kernel, grid, *args, **common, RING=ring, LOADER_REGS=STAGE2_LOADER_REGS,
+               maxnreg=_stage2_maxnreg(ring, wide), **extra)
     else:
         assert window is None, "windows need the Gluon stage 2"
         launch(_chunk_recurrence_kernel, grid, *args, **common, INTERPRET=INTERPRETING,
                num_stages=STAGE2_STAGES if st.a1.dtype == torch.bfloat16 else 1)
+
+
+def stage2_ring(programs: int, wide: bool, device: torch.device) -> int:
+    """Slots of the Gluon stage 2's ring (chunk_recurrence_gluon.py: its loader warpgroup keeps up to RING − 1
+    chunks in flight). 6 where no two narrow programs need to share an SM (a grid of at most one program per SM:
+    214 KB of shared memory, one program per SM), else 3 (111 KB and 128 registers per thread: two narrow
+    programs per SM; a wide program, one per SM either way, was fastest with 3). Measured on the H200
+    (docs/perf-notes.md, session 15): H64 fixed −10..16% with 6 slots against the single-partition kernel, and
+    3 slots within ±1% of it where programs share SMs (6 would keep them to one per SM: +4..12%); wide, H96
+    fixed −8%, the packed tasks ±0%. STAGE2_RING forces a depth."""
+    if STAGE2_RING is not None:
+        return STAGE2_RING
+    return 6 if not wide and programs <= _sm_count(device) else 3
+
+
+def _stage2_maxnreg(ring: int, wide: bool) -> int:
+    """Registers per thread at launch of the Gluon stage 2: the loader warpgroup takes STAGE2_LOADER_REGS of
+    them, the chain's warpgroups what is left (up to 256). Wide: 12 warps, one program per SM; narrow with 3
+    slots: 8 warps in 32 K registers, two programs per SM; else one per SM."""
+    if wide:
+        return 168
+    return 128 if ring <= 3 else 200
 
 
 def _stage2_programs(N: int, HV: int, V: int) -> int:
