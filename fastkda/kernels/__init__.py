@@ -9,8 +9,9 @@
     stage 2                _chunk_recurrence_gluon_kernel (Hopper, bf16 values; chunk_recurrence_gluon.py)
                            or _chunk_recurrence_kernel (elsewhere; chunk_recurrence.py)
                                                       per (value block, sequence, value head), longest
-                                                      sequences first: reads v and the stage-1 tensors;
-                                                      writes out, state
+                                                      sequences first: reads v and the stage-1 tensors
+                                                      (the Gluon one in a loader warpgroup of its own,
+                                                      stage2_ring); writes out, state
 
 Wide stage 2 (stage2_wide; many heads, sequences not short: stage 2 bound by memory traffic): both value
 blocks of a head in one program of two warpgroups, which copies the head's stage-1 tiles once, not twice.
