@@ -26,9 +26,10 @@ Every launch goes through direct_launch.launch (Triton's compiled kernel, withou
 Launch settings are fixed by rule (no autotuning): chunks of BT = 32 tokens, value blocks of BV = 64
 columns in stage 2, 4 warps (both blocks of V = 128 in one program of 8 warps where stage2_wide says so),
 the Triton stage 1 capped at 168 registers (three programs per SM), the Gluon stage 1 at 96 (five
-programs per SM, with its 43 KB of shared memory), three pipeline stages
-for stage 2's loads (one for fp32 stage tensors, whose tiles would not fit shared memory three deep; the
-Gluon stage 2's loader warpgroup fills a ring of 3 or 6 slots: stage2_ring). Why these values: docs/perf-notes.md (measured on an H200).
+programs per SM, with its 43 KB of shared memory), three pipeline stages for stage 2's loads (one for
+fp32 stage tensors, whose tiles would not fit shared memory three deep; the Gluon stage 2's loader
+warpgroup fills a ring of 3 or 6 slots: stage2_ring). Why these values: docs/perf-notes.md (measured on an
+H200).
 Arguments are assumed checked (fastkda.checks); this module only allocates the stage-1 tensors and launches.
 """
 
