@@ -1,0 +1,119 @@
+"""benchmarks/ab_trees.py: two builds prepared from git, checked to import from their own trees, run
+interleaved, and summarised."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import ab_trees  # noqa: E402
+
+
+def _head():
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+needs_git = pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout")
+
+
+@needs_git
+def test_prepare_extracts_the_revisions_package_and_marks_its_commit(tmp_path):
+    tree = ab_trees.prepare("HEAD", tmp_path)
+    assert (tree / "fastkda" / "__init__.py").exists()
+    assert (tree / "fastkda" / "kernels" / "chunk_recurrence_gluon.py").exists()
+    assert ab_trees.tree_commit(tree) == _head()
+    assert not (tree / "tests").exists()                    # the package only
+
+
+@needs_git
+def test_prepare_rejects_an_unknown_revision(tmp_path):
+    with pytest.raises(ValueError, match="rev"):
+        ab_trees.prepare("no-such-revision-xyz", tmp_path)
+
+
+@needs_git
+def test_a_prepared_tree_imports_its_own_package(tmp_path):
+    tree = ab_trees.prepare("HEAD", tmp_path)
+    ab_trees.check_tree(tree)
+    assert tree.resolve() in ab_trees.imported_from(tree).parents
+
+
+def test_a_tree_without_the_package_is_refused(tmp_path):
+    # Nothing of fastkda in the tree: the import resolves elsewhere (the installed package), or fails.
+    with pytest.raises(RuntimeError):
+        ab_trees.check_tree(tmp_path)
+
+
+FAKE_BENCH = """
+import json, os, sys
+json_path, times, passed = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
+tree = os.path.basename(os.getcwd())
+tasks = [{"name": n, "results": {"fastkda": {"status": "ok", "time_ms": t,
+                                             "validation": {"passed": passed or tree == "a"}}}}
+         for n, t in times[tree].items()]
+json.dump({"environment": {"device_name": "fake"}, "tasks": tasks}, open(json_path, "w"))
+open(os.path.join(os.path.dirname(json_path), "order.txt"), "a").write(tree + "\\n")
+"""
+
+
+def _fake_bench(times, passed=True):
+    """A command writing a bench-like JSON whose times depend on the tree it runs in (its working directory);
+    tree b fails validation unless ``passed``."""
+    def command(json_path, bench_args):
+        return [sys.executable, "-c", FAKE_BENCH, str(json_path), json.dumps(times), "1" if passed else "0"]
+    return command
+
+
+def _trees(tmp_path):
+    trees = []
+    for name in ("a", "b"):
+        tree = tmp_path / name
+        (tree / "fastkda").mkdir(parents=True)
+        (tree / "fastkda" / "__init__.py").write_text("")
+        trees.append(tree)
+    return trees
+
+
+def test_run_interleaves_the_builds_and_summarises_them(tmp_path):
+    a, b = _trees(tmp_path)
+    times = {"a": {"t1": 1.0, "t2": 4.0}, "b": {"t1": 0.5, "t2": 4.0}}
+    out = tmp_path / "runs"
+    summary = ab_trees.run(a, b, rounds=3, out_dir=out, command=_fake_bench(times), log=lambda *_: None)
+    assert (out / "order.txt").read_text().split() == ["a", "b"] * 3
+    assert sorted(p.name for p in out.glob("*.json")) == ["A1.json", "A2.json", "A3.json", "B1.json", "B2.json",
+                                                         "B3.json"]
+    assert summary["rounds"] == 3
+    assert summary["mean_ms"]["A"] == {"t1": 1.0, "t2": 4.0} and summary["mean_ms"]["B"] == {"t1": 0.5, "t2": 4.0}
+    assert summary["change"] == {"t1": -0.5, "t2": 0.0}
+    assert summary["geomean_ms"]["A"] == pytest.approx(2.0) and summary["geomean_ms"]["B"] == pytest.approx(2 ** 0.5)
+    assert summary["geomean_change"] == pytest.approx(2 ** -0.5 - 1)
+    assert summary["all_validated"] == {"A": True, "B": True}
+    assert "| geomean | 2.000 | 1.414 | -29.3% |" in ab_trees.format_table(summary)
+
+
+def test_a_failed_validation_shows_in_the_summary(tmp_path):
+    a, b = _trees(tmp_path)
+    times = {"a": {"t1": 1.0}, "b": {"t1": 1.0}}
+    summary = ab_trees.run(a, b, rounds=1, out_dir=tmp_path / "runs", command=_fake_bench(times, passed=False),
+                           log=lambda *_: None)
+    assert summary["all_validated"] == {"A": True, "B": False}
+
+
+def test_summarize_keeps_only_tasks_every_round_of_both_builds_timed():
+    def bench(times):
+        return {"tasks": [{"name": n, "results": {"fastkda": {"status": "ok", "time_ms": t,
+                                                             "validation": {"passed": True}}}} for n, t in times.items()]}
+    runs = {"A": [bench({"t1": 1.0, "t2": 2.0}), bench({"t1": 3.0, "t2": 2.0})],
+            "B": [bench({"t1": 2.0}), bench({"t1": 2.0, "t2": 1.0})]}
+    summary = ab_trees.summarize(runs, {"A": "a", "B": "b"}, {"A": None, "B": None})
+    assert summary["mean_ms"]["A"] == {"t1": 2.0} and summary["change"] == {"t1": 0.0}
+
+
+def test_run_refuses_a_tree_without_fastkda(tmp_path):
+    a, _ = _trees(tmp_path)
+    with pytest.raises(ValueError, match="tree B"):
+        ab_trees.run(a, tmp_path / "empty", out_dir=tmp_path / "runs", log=lambda *_: None)
