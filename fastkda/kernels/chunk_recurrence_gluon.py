@@ -19,10 +19,10 @@ version of session 4 split interleaved accumulators, which cost layout conversio
 Two partitions (warp specialization). A loader warpgroup copies each chunk's stage-1 tiles, values and gl
 into a ring of RING slots (cp.async) as soon as the chain has freed the slot, and marks the slot ready
 (an mbarrier per slot) once its copies have landed, LAG chunks later. The chain (the program's own warps)
-waits for a slot, runs the chunk and frees the slot. The chain then issues no copies and no address
-arithmetic, and the loader keeps up to RING − 1 chunks in flight: −10..16% where one program has an SM to
-itself, as good as one warpgroup doing both where two programs share an SM (docs/perf-notes.md, session 15;
-kernels.stage2_ring picks RING).
+waits for a slot, runs the chunk and frees the slot. The chain issues no copies, and the loader keeps up
+to RING − 1 chunks in flight. That is −10..16% where one program has an SM to itself, and as good as one
+warpgroup doing both where two programs share an SM (docs/perf-notes.md, session 15; kernels.stage2_ring
+picks RING).
 
 Windowed (WINDOWED; kernels/__init__.py, windowed forward): one launch per window of chunk slots
 [slot_lo, slot_hi), so that stage 1 of the next window runs beside this one. A program starts once its
