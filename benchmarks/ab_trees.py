@@ -1,7 +1,7 @@
 """Two builds of fastkda timed side by side on one machine: the forward before and after a change.
 
-    python benchmarks/ab_trees.py prepare REV                      # here: REV's fastkda/ into .ab/REV/
-    python benchmarks/ab_trees.py run .ab/REV . --json OUT.json    # on the device (carry .ab): A, B, A, B, ...
+    python benchmarks/ab_trees.py prepare REV                      # here: REV's fastkda/ into .ab/COMMIT/
+    python benchmarks/ab_trees.py run .ab/COMMIT . --json OUT.json # on the device (carry .ab): A, B, A, B, ...
 
 Machines differ by a few percent (docs/perf-notes.md), more than many changes gain, so a change is judged
 on one machine, its runs interleaved so that drift hits both builds alike. `run` runs `python -m fastkda.bench`
@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -32,13 +33,16 @@ AB_DIR = ROOT / ".ab"
 
 
 def prepare(rev: str, out_dir: Path = AB_DIR, repo: Path = ROOT) -> Path:
-    """``rev``'s fastkda package (git archive) into out_dir/<rev>/; returns that tree."""
+    """``rev``'s fastkda package (git archive) into out_dir/<its commit, 12 digits>/, replacing what was there (a
+    name like HEAD or a branch moves); returns that tree."""
     full = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=repo, capture_output=True,
                           text=True)
     if full.returncode != 0:
         raise ValueError(f"rev: not a commit of {repo}: {rev!r}")
-    tree = out_dir / rev
-    tree.mkdir(parents=True, exist_ok=True)
+    tree = Path(out_dir) / full.stdout.strip()[:12]
+    if tree.exists():
+        shutil.rmtree(tree)
+    tree.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "fastkda.tar"
         subprocess.run(["git", "archive", "-o", str(archive), full.stdout.strip(), "fastkda"], cwd=repo, check=True)
@@ -160,7 +164,8 @@ def format_table(summary: dict) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prepare", help="REV's fastkda package into .ab/REV (here, in the git checkout)")
+    p = sub.add_parser("prepare", help="REV's fastkda package into .ab/COMMIT (here, in the git checkout); "
+                                           "prints the tree")
     p.add_argument("rev")
     r = sub.add_parser("run", help="interleaved bench runs of two trees (on the device)")
     r.add_argument("tree_a")

@@ -27,6 +27,9 @@ def test_prepare_extracts_the_revisions_package_and_marks_its_commit(tmp_path):
     assert (tree / "fastkda" / "kernels" / "chunk_recurrence_gluon.py").exists()
     assert ab_trees.tree_commit(tree) == _head()
     assert not (tree / "tests").exists()                    # the package only
+    assert tree.name == _head()[:12]
+    (tree / "fastkda" / "stale.py").write_text("")          # a second prepare replaces the tree
+    assert not (ab_trees.prepare("HEAD", tmp_path) / "fastkda" / "stale.py").exists()
 
 
 @needs_git
