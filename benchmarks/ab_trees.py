@@ -173,13 +173,15 @@ def main(argv=None):
     r.add_argument("--rounds", type=int, default=2)
     r.add_argument("--out-dir", default=None, help="the bench JSONs and logs (default: next to --json)")
     r.add_argument("--json", required=True, help="the summary")
-    r.add_argument("bench_args", nargs=argparse.REMAINDER,
-                   help="after --: arguments for python -m fastkda.bench (default: --no-peers)")
-    args = ap.parse_args(argv)
+    # What follows `--` goes to the bench untouched: split off before parsing (a REMAINDER positional would
+    # also swallow this command's own options written after the trees, as the usage line writes them).
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
     if args.cmd == "prepare":
         print(prepare(args.rev))
         return
-    bench_args = [a for a in args.bench_args if a != "--"] or ["--no-peers"]
+    bench_args = argv[cut + 1:] or ["--no-peers"]
     out_dir = Path(args.out_dir) if args.out_dir else Path(args.json).resolve().parent / "ab-runs"
     summary = run(Path(args.tree_a), Path(args.tree_b), rounds=args.rounds, bench_args=bench_args, out_dir=out_dir)
     Path(args.json).write_text(json.dumps(summary, indent=1))

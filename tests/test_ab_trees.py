@@ -120,3 +120,21 @@ def test_run_refuses_a_tree_without_fastkda(tmp_path):
     a, _ = _trees(tmp_path)
     with pytest.raises(ValueError, match="tree B"):
         ab_trees.run(a, tmp_path / "empty", out_dir=tmp_path / "runs", log=lambda *_: None)
+
+
+def test_the_command_line_takes_its_options_after_the_trees_and_passes_the_rest_to_the_bench(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(tree_a, tree_b, *, rounds, bench_args, out_dir):
+        seen.update(trees=(tree_a, tree_b), rounds=rounds, bench_args=bench_args, out_dir=out_dir)
+        return {"change": {}, "mean_ms": {"A": {}, "B": {}}, "geomean_ms": None}
+
+    monkeypatch.setattr(ab_trees, "run", fake_run)
+    summary = tmp_path / "ab.json"
+    # the usage line's order: trees, then this command's options, then `--` and the bench's
+    ab_trees.main(["run", "ta", "tb", "--rounds", "3", "--json", str(summary), "--", "--no-peers", "--tasks", "x"])
+    assert seen == {"trees": (Path("ta"), Path("tb")), "rounds": 3, "bench_args": ["--no-peers", "--tasks", "x"],
+                    "out_dir": tmp_path / "ab-runs"}
+    assert json.loads(summary.read_text())["change"] == {}
+    ab_trees.main(["run", "ta", "tb", "--json", str(summary)])
+    assert seen["bench_args"] == ["--no-peers"] and seen["rounds"] == 2
