@@ -152,7 +152,8 @@ def launcher_configurations(D: int = 64):
     launcher (fastkda.kernels) can pick: stage 0's tables kernel (packed sequences), with its ordering part or
     without; the Triton stage 1 with bf16 or fp32 stage tensors; the Triton
     stage 2 with bf16 stage tensors and bf16 or fp16 values, or fp32 throughout; the Gluon stage 2 and the
-    Gluon stage 1, packed and fixed-length (Hopper, bf16)."""
+    Gluon stage 1, packed and fixed-length (Hopper, bf16); the fused kernel (K = V = 128), packed and
+    fixed-length."""
     from triton.experimental.gluon._runtime import GluonASTSource
     from fastkda.kernels.chunk_prepare_gluon import _chunk_prepare_gluon_kernel
     from fastkda.kernels.chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
@@ -205,6 +206,13 @@ def launcher_configurations(D: int = 64):
     yield ("stage 1 (Gluon), bf16, keys as given", _chunk_prepare_gluon_kernel,
            _gluon_stage1_constexprs(D, True, l2norm=False), 4, 1, kernels.STAGE1_GLUON_MAXNREG, GluonASTSource,
            gluon_stage1_types(D))
+    if D == 128:
+        from fastkda.kernels.fused_gluon import _fused_kernel
+        for varlen in (True, False):
+            yield (f"fused (Gluon), bf16, {'packed' if varlen else 'fixed-length'}", _fused_kernel,
+                   dict(HV_PER_H=1, K=D, V=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, HAS_H0=True,
+                        STORE_HT=True, PRODUCER_REGS=kernels.FUSED_PRODUCER_REGS), 4, 1, kernels.FUSED_MAXNREG,
+                   GluonASTSource, None)
 
 
 def _gluon_stage1_constexprs(D: int, varlen: bool, flags: bool = True, l2norm: bool = True) -> dict:

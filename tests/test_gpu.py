@@ -60,6 +60,16 @@ def test_full_validation_suite_passes_every_tier():
     assert report.passed, "\n".join(r.message for r in report.results if not r.passed)
 
 
+def test_validation_suite_passes_on_the_fused_kernel(monkeypatch):
+    # Every case of the suite the fused kernel covers (bf16, K = V = 128: most of them) runs on it, whatever
+    # its size; the others run the two stages.
+    from fastkda import kernels
+    monkeypatch.setattr(kernels, "FUSED", True)
+    report = run_suite(fastkda.fwd, tiers="all", device="cuda", size="full")
+    print(report.table())
+    assert report.passed, "\n".join(r.message for r in report.results if not r.passed)
+
+
 def test_unaligned_inputs_run_on_the_triton_kernels():
     # Inputs that start one bf16 element into their storage cannot be copied in 16-byte pieces: the launcher
     # routes them to the Triton stage 1 and stage 2. Both paths are ~3.7e-3 from float64 (validation suite)

@@ -7,6 +7,8 @@ to bf16 by truncation (measured: max relative error 7.6e-3, mean bias -2.8e-3, a
 inputs, whose stage tensors stay fp32 (and products full fp32): 2e-4.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -465,3 +467,81 @@ def test_wide_stage2_by_rule(monkeypatch):
     assert wide(1, 64, 8192) and wide(1, 96, 8192, K=64) and not wide(1, 96, 8192, V=64)
     monkeypatch.setattr(kernels, "STAGE2_WIDE", False)
     assert not wide(1, 96, 8192)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the fused kernel is a Gluon kernel (Hopper)")
+@pytest.mark.parametrize("lens,B,T,H,HV,with_h0,state,state_v_first,final,cu_dtype", [
+    ((5, 70, 0, 33, 1, 96, 300), None, None, 2, 2, True, torch.float32, True, True, torch.int32),
+    ((64, 129, 0), None, None, 2, 4, False, torch.float32, False, True, torch.int64),   # GVA, K-first, no h0
+    (None, 3, 100, 3, 3, True, torch.bfloat16, True, True, None),     # fixed length, bf16 states in and out
+    (None, 2, 1000, 1, 2, True, torch.float32, True, False, None),    # no final state
+])
+def test_fused_kernel_gives_the_two_stage_results_bit_for_bit(lens, B, T, H, HV, with_h0, state, state_v_first,
+                                                              final, cu_dtype, monkeypatch):
+    # The fused kernel runs stage 1's and stage 2's code with the same rounding points, so outputs and final
+    # states are the same bits (empty, one-token and partial sequences included). The launches are recorded,
+    # so that the test fails if the fused kernel did not run, or ran when turned off.
+    from fastkda import kernels
+    from fastkda.kernels import _is_hopper
+    if not _is_hopper(torch.device("cuda")):
+        pytest.skip("needs Hopper")
+    kw = dict(lens=lens) if lens is not None else dict(B=B, T=T)
+    x, p, shape = make(**kw, H=H, HV=HV, K=128, V=128, seed=7, with_h0=with_h0, state=state,
+                       state_v_first=state_v_first)
+    if cu_dtype is not None:
+        p["cu_seqlens"] = p["cu_seqlens"].to(cu_dtype)
+    launched = []
+    launch = kernels.launch
+
+    def recording(kernel, grid, *args, **kwargs):
+        launched.append(getattr(kernel, "__name__", str(kernel)))
+        return launch(kernel, grid, *args, **kwargs)
+    monkeypatch.setattr(kernels, "launch", recording)
+    results = []
+    for fused in (False, True):
+        monkeypatch.setattr(kernels, "FUSED", fused)
+        launched.clear()
+        results.append(run_triton(x, p, shape, state_dtype=state, state_v_first=state_v_first, final=final))
+        assert ("_fused_kernel" in launched) == fused
+    (o_two, s_two), (o_fused, s_fused) = results
+    assert not o_fused.isnan().any() and torch.equal(o_two, o_fused)
+    if final:
+        assert not s_fused.isnan().any() and torch.equal(s_two, s_fused)
+
+
+def test_fused_kernel_applies_to_the_production_path_only(monkeypatch):
+    # bf16 inputs where the Gluon stages run, K = V = 128, the gate with A_log and dt_bias, the l2 norm and the
+    # β sigmoid; FUSED = False turns it off everywhere.
+    from fastkda import kernels
+    monkeypatch.setattr(kernels, "gluon_stage1_applies", lambda q, k, g: True)
+    q = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16)
+    v = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16)
+    A_log, dt_bias = torch.empty(2), torch.empty(2, 128)
+
+    def applies(q=q, v=v, A_log=A_log, dt_bias=dt_bias, flags=(True, True, True)):
+        return kernels.fused_applies(q, q, q, v, A_log, dt_bias, *flags)
+    assert applies()
+    assert not applies(flags=(False, True, True)) and not applies(flags=(True, False, True))
+    assert not applies(flags=(True, True, False))
+    assert not applies(A_log=None) and not applies(dt_bias=None)
+    assert not applies(q=torch.empty(1, 64, 2, 64, dtype=torch.bfloat16))
+    assert not applies(v=torch.empty(1, 64, 2, 64, dtype=torch.bfloat16))
+    assert not applies(v=torch.empty(1, 64, 2, 128, dtype=torch.float16))
+    monkeypatch.setattr(kernels, "FUSED", False)
+    assert not applies()
+
+
+def test_fused_kernel_by_rule(monkeypatch):
+    # At least FUSED_MIN_PROGRAMS_PER_SM (sequence, head) programs per SM and sequences of FUSED_MIN_TOKENS or
+    # more on average: the packed benchmark tasks, not the fixed-length ones (64 or 96 programs).
+    from fastkda import kernels
+    rule = lambda N, HV, T_total: kernels.fused_by_rule(N, HV, T_total, 132)
+    mixed = 1300 + 547 + 2048 + 963 + 271 + 3063
+    assert rule(8, 64, 8192) and rule(8, 96, 8192)           # 8 x 1,024 tokens: 512 and 768 programs
+    assert rule(6, 64, mixed) and rule(6, 96, mixed)         # six mixed lengths: 384 and 576 programs
+    assert not rule(1, 64, 8192) and not rule(1, 96, 8192)   # one sequence: 64 and 96 programs
+    assert not rule(2, 96, 4096)                             # 192 programs: a second wave half empty
+    assert not rule(256, 32, 256 * 64)                       # 8,192 programs of 64 tokens
+    least = math.ceil(kernels.FUSED_MIN_PROGRAMS_PER_SM * 132)
+    assert rule(least, 1, least * 256) and not rule(least - 1, 1, (least - 1) * 256)
+    assert not rule(least, 1, least * 256 - 1)

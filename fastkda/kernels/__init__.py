@@ -1,4 +1,4 @@
-"""Triton launcher for the KDA forward: two kernels, no host-device synchronisation.
+"""Triton launcher for the KDA forward: two kernels, or one fused kernel, no host-device synchronisation.
 
     stage 0 (varlen only)  _chunk_tables_kernel       chunk offsets of the packed sequences, their
                                                       longest-first order and the token range of every
@@ -12,6 +12,10 @@
                                                       sequences first: reads v and the stage-1 tensors
                                                       (the Gluon one in a loader warpgroup of its own,
                                                       stage2_ring); writes out, state
+
+Fused (fused_gluon.py; Hopper, bf16, K = V = 128, the gate, the l2 norm and the β sigmoid; by fused_by_rule:
+several (sequence, head) programs per SM, sequences not short): stage 0 for the sequence order, then one
+program per (sequence, value head) does both stages' work, the chunk tensors staying in shared memory.
 
 Wide stage 2 (stage2_wide; many heads, sequences not short: stage 2 bound by memory traffic): both value
 blocks of a head in one program of two warpgroups, which copies the head's stage-1 tiles once, not twice.
@@ -68,6 +72,11 @@ WINDOW_CHUNKS = 256   # chunk slots per window, at least (each window costs two 
 WINDOW_SM_SHARE = 4   # windows only while stage 2 has at most one program per WINDOW_SM_SHARE SMs
 ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
                          # (N² comparisons in one program; a power of two); beyond, sorted by torch
+FUSED = None          # the fused kernel (fused_by_rule): None by rule; a bool forces it where it applies (fused_applies)
+FUSED_MIN_PROGRAMS_PER_SM = 2.5   # ... by rule with at least this many (sequence, head) programs per SM
+FUSED_MIN_TOKENS = 256            # ... and sequences this long on average
+FUSED_PRODUCER_REGS = 128   # registers per thread of each of the fused kernel's two producer warpgroups
+FUSED_MAXNREG = 168         # ... at launch: the chain warpgroup gets the rest (248)
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -388,7 +397,14 @@ def kda_forward(
     use_gate: bool,
     use_beta_sigmoid: bool,
 ) -> None:
-    """Run the two-stage Triton forward; writes ``out`` and ``final_state`` (if given)."""
+    """Run the forward (fused, or in two stages); writes ``out`` and ``final_state`` (if given)."""
+    if fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm, use_gate, use_beta_sigmoid):
+        N = cu_seqlens.numel() - 1 if cu_seqlens is not None else q.shape[0]
+        if FUSED or (FUSED is None and fused_by_rule(N, v.shape[2], q.shape[0] * q.shape[1], _sm_count(q.device))):
+            run_fused(q, k, v, g, beta, scale=scale, out=out, final_state=final_state, A_log=A_log, dt_bias=dt_bias,
+                      lower_bound=lower_bound, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                      state_v_first=state_v_first)
+            return
     st, stage1 = _plan_chunks(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
                               cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, use_gate=use_gate,
                               use_beta_sigmoid=use_beta_sigmoid)
@@ -411,3 +427,43 @@ def kda_forward(
     for w in range(n_windows):
         stage1(window=(bounds[w], bounds[w + 1]), pdl=w > 0)
         run_recurrence(st, v, **recurrence, window=(bounds[w], bounds[w + 1], w, state_buf, flags))
+
+
+def fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm: bool, use_gate: bool, use_beta_sigmoid: bool) -> bool:
+    """The fused kernel covers the production path: bf16 inputs on Hopper (the Gluon stages apply), K = V = 128,
+    the gate with A_log and dt_bias, the key/query l2 norm and the β sigmoid. FUSED = False turns it off."""
+    return (FUSED is not False and use_gate and use_qk_l2norm and use_beta_sigmoid and A_log is not None
+            and dt_bias is not None and q.shape[-1] == 128 and v.shape[-1] == 128 and v.dtype == torch.bfloat16
+            and _aligned16(v) and gluon_stage1_applies(q, k, g))
+
+
+def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int) -> bool:
+    """Whether the fused kernel runs (where it applies): one program per (sequence, head), each alone on its SM
+    (215 KB of shared memory) and as long as its sequence, so it needs several programs per SM to fill the GPU
+    evenly and sequences long enough that its start-up is small. Measured on the H200 against the two stages
+    (docs/perf-notes.md, session 17): 384–2,048 programs of 256–1,365 tokens on average −2..−8%; 1,024 programs
+    of 1,024 tokens ±0%; 256 programs −0.3%; 192 programs +13% (a second wave half empty); 64 programs 2x
+    slower; 8,192 programs of 64 tokens +3%. FUSED forces it either way."""
+    return N * HV >= FUSED_MIN_PROGRAMS_PER_SM * sm_count and T_total >= FUSED_MIN_TOKENS * N
+
+
+def run_fused(q, k, v, g, beta, *, scale, out, final_state, A_log, dt_bias, lower_bound, initial_state, cu_seqlens,
+              state_v_first) -> None:
+    """The fused forward (fused_gluon.py): the sequences' longest-first order (stage 0, packed only), then one
+    program per (sequence, value head)."""
+    from .fused_gluon import _fused_kernel
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    BT = CHUNK_SIZE
+    varlen = cu_seqlens is not None
+    N = cu_seqlens.numel() - 1 if varlen else B
+    check_index_range(B * T, H, HV, K, V, N, BT)
+    if N == 0:
+        return
+    seq_order = chunk_tables(cu_seqlens, B * T)[3] if varlen else None
+    s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
+    launch(_fused_kernel, (N * HV,), q, k, v, g, beta, A_log, dt_bias, initial_state, final_state, out, cu_seqlens,
+           seq_order, T, scale, lower_bound, s_state_k, s_state_v, H, HV, HV_PER_H=HV // H, K=K, V=V, BT=BT,
+           LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, HAS_H0=initial_state is not None,
+           STORE_HT=final_state is not None, PRODUCER_REGS=FUSED_PRODUCER_REGS, num_warps=4,
+           maxnreg=FUSED_MAXNREG)

@@ -101,14 +101,9 @@ def _store_rows(dst, row_stride, smem, R: gl.constexpr, C: gl.constexpr, L_ROWS:
 
 
 @gluon.jit
-def _channel_block(h, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, o_t, gl_ptr, i_c, i_hv, HV,
-                   scale, lower_bound, K: gl.constexpr, KB: gl.constexpr, BT: gl.constexpr,
-                   USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
-                   acc: gl.constexpr, a_op: gl.constexpr):
-    """The element-wise work of channels h·KB .. (h + 1)·KB − 1, channel-major [KB, BT]: the decays, the
-    operands of [L; Aqk] into pq_s[h] (k̂⊙e^{G−r}; q̂⊙e^{G−r}) and in_k[h] (k̂⊙e^{r−G}), Qg into in_g[h], Kt
-    into in_q[h], gl to global. Returns e^r of these channels (W's factor)."""
-    o_c = h * KB + gl.arange(0, KB, layout=gl.SliceLayout(1, acc))
+def _block_decays(h, in_g, ap_s, c_g, d_g, o_t, lower_bound, KB: gl.constexpr, BT: gl.constexpr,
+                  USE_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr, acc: gl.constexpr, a_op: gl.constexpr):
+    """(G − r)ᵀ of channels h·KB .. (h + 1)·KB − 1 from their g rows in in_g[h], and r = G_last / 2 per channel."""
     b_g = gl.convert_layout(in_g.index(h).permute((1, 0)).load(a_op), acc).to(gl.float32)
     # Per-step log-decay in base 2 (chunk_prepare._log2_decay, the same folding).
     if USE_GATE:
@@ -141,26 +136,79 @@ def _channel_block(h, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, o_
     b_d = warpgroup_mma_wait(0, deps=[b_d])
     # r = G_last / 2 is (G − r) at the last token; every decay factor below is e^{±(G − r)} times one of these.
     r_ref = gl.sum(gl.where(o_t[None, :] == BT - 1, b_d, 0.0), 1)
-    e_r = _ex2(r_ref)
-    gl.store(gl_ptr + (i_c * HV + i_hv) * K + o_c, _ex2(2.0 * r_ref))             # e^{G_last}
+    return b_d, r_ref
+
+
+@gluon.jit
+def _block_operands(b_d, e_r, q_src, k_src, pq_blk, qg_dst, kneg_dst, kt_dst, inv_nk, inv_nq, scale,
+                    BT: gl.constexpr, USE_L2NORM: gl.constexpr, acc: gl.constexpr, a_op: gl.constexpr):
+    """One channel block's tiles from its q and k rows (q_src, k_src) and its (G − r)ᵀ: the operands of
+    [L; Aqk] into pq_blk (k̂⊙e^{G−r}; q̂⊙e^{G−r}) and kneg_dst (k̂⊙e^{r−G}), Qg into qg_dst, Kt into kt_dst.
+    The destinations may be the source tiles: every thread has read them before the first store."""
     # q, then k: one input tile live at a time.
     e_pos = _ex2(b_d)
-    b_q = gl.convert_layout(in_q.index(h).permute((1, 0)).load(a_op), acc).to(gl.float32)
+    b_q = gl.convert_layout(q_src.permute((1, 0)).load(a_op), acc).to(gl.float32)
     if USE_L2NORM:
         b_q = b_q * gl.expand_dims(inv_nq, 0)
     q_pos = b_q * e_pos
-    pq_s.index(h).slice(BT, BT).store(gl.permute(q_pos.to(gl.bfloat16), (1, 0)))
+    pq_blk.slice(BT, BT).store(gl.permute(q_pos.to(gl.bfloat16), (1, 0)))
     b_qg = (q_pos * gl.expand_dims(e_r * scale, 1)).to(gl.bfloat16)                       # Qg
-    b_k = gl.convert_layout(in_k.index(h).permute((1, 0)).load(a_op), acc).to(gl.float32)
+    b_k = gl.convert_layout(k_src.permute((1, 0)).load(a_op), acc).to(gl.float32)
     if USE_L2NORM:
         b_k = b_k * gl.expand_dims(inv_nk, 0)
-    pq_s.index(h).slice(0, BT).store(gl.permute((b_k * e_pos).to(gl.bfloat16), (1, 0)))
+    pq_blk.slice(0, BT).store(gl.permute((b_k * e_pos).to(gl.bfloat16), (1, 0)))
     k_neg = b_k * _rcp(e_pos)                        # e^{r−G} (no negation to issue)
-    _cta_barrier()                                   # every thread has read block h's inputs: its tiles are free
-    in_g.index(h).store(gl.permute(b_qg, (1, 0)))
-    in_k.index(h).store(gl.permute(k_neg.to(gl.bfloat16), (1, 0)))
-    in_q.index(h).store(gl.permute((k_neg * gl.expand_dims(e_r, 1)).to(gl.bfloat16), (1, 0)))  # k̂ e^{G_last − G}
+    _cta_barrier()                                   # every thread has read the block's inputs: its tiles are free
+    qg_dst.store(gl.permute(b_qg, (1, 0)))
+    kneg_dst.store(gl.permute(k_neg.to(gl.bfloat16), (1, 0)))
+    kt_dst.store(gl.permute((k_neg * gl.expand_dims(e_r, 1)).to(gl.bfloat16), (1, 0)))  # k̂ e^{G_last − G}
+
+
+@gluon.jit
+def _channel_block(h, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, o_t, gl_ptr, i_c, i_hv, HV,
+                   scale, lower_bound, K: gl.constexpr, KB: gl.constexpr, BT: gl.constexpr,
+                   USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+                   acc: gl.constexpr, a_op: gl.constexpr):
+    """The element-wise work of channels h·KB .. (h + 1)·KB − 1, channel-major [KB, BT]: the decays, the
+    operands of [L; Aqk] into pq_s[h] (k̂⊙e^{G−r}; q̂⊙e^{G−r}) and in_k[h] (k̂⊙e^{r−G}), Qg into in_g[h], Kt
+    into in_q[h], gl to global. Returns e^r of these channels (W's factor)."""
+    o_c = h * KB + gl.arange(0, KB, layout=gl.SliceLayout(1, acc))
+    b_d, r_ref = _block_decays(h, in_g, ap_s, c_g, d_g, o_t, lower_bound, KB, BT, USE_GATE, HAS_DT_BIAS, acc, a_op)
+    e_r = _ex2(r_ref)
+    gl.store(gl_ptr + (i_c * HV + i_hv) * K + o_c, _ex2(2.0 * r_ref))             # e^{G_last}
+    _block_operands(b_d, e_r, in_q.index(h), in_k.index(h), pq_s.index(h), in_g.index(h), in_k.index(h),
+                    in_q.index(h), inv_nk, inv_nq, scale, BT, USE_L2NORM, acc, a_op)
     return e_r
+
+
+@gluon.jit
+def _masked_l_aqk(b_la, beta_i, scale, o_r, o_j, is_l, BT: gl.constexpr):
+    """−L (rows 0..BT−1: j < i, times −β_i) and Aqk (rows BT..: j ≤ i, times the scale) in one tile from the
+    [L; Aqk] product before masking: one factor and one bound per row."""
+    f_row = gl.where(is_l, -beta_i, scale)
+    j_end = gl.where(is_l, o_r, o_r - (BT - 1))      # keep j < j_end
+    return gl.where(o_j[None, :] < j_end[:, None], b_la * gl.expand_dims(f_row, 1), 0.0)
+
+
+@gluon.jit
+def _doubling_fp16(b_t, tl_s, th_s, o_r, o_j, LVL0: gl.constexpr, LOG2_BT: gl.constexpr, BT: gl.constexpr,
+                   acc: gl.constexpr, a_op: gl.constexpr):
+    """Levels LVL0 .. LOG2_BT − 1 of the block doubling T_2b = T_b + mask_b ⊙ (T_b·(−L))·T_b in fp16 (L in
+    tl_s, T_b staged in th_s; fp32 sums): T from T_{2^LVL0}."""
+    for lvl in gl.static_range(LVL0, LOG2_BT):
+        t_16 = b_t.to(gl.float16)
+        b_tl = warpgroup_mma(gl.convert_layout(t_16, a_op), tl_s.slice(0, BT),
+                             gl.zeros([2 * BT, BT], gl.float32, layout=acc), is_async=True)
+        if lvl > LVL0:
+            _cta_barrier()                           # the last level's product of T_b is done everywhere
+        th_s.store(t_16)
+        b_tl = warpgroup_mma_wait(0, deps=[b_tl])
+        x_16 = gl.where((o_r >> lvl)[:, None] == ((o_j >> lvl) ^ 1)[None, :], b_tl, 0.0).to(gl.float16)
+        fence_async_shared()
+        _cta_barrier()                               # T_b is in shared memory
+        b_t = warpgroup_mma(gl.convert_layout(x_16, a_op), th_s.slice(0, BT), b_t, is_async=True)
+        b_t = warpgroup_mma_wait(0, deps=[b_t])
+    return b_t
 
 
 @gluon.jit
@@ -260,7 +308,7 @@ def _chunk_prepare_gluon_kernel(
     # showed as 7% of the stall samples): the gate's constants, β by row of [L; Aqk] and by column of T.
     o_t = gl.arange(0, BT, layout=per_col)
     o_r = gl.arange(0, 2 * BT, layout=per_row)
-    is_l = o_r < BT
+    is_l = o_r < BT                                  # rows of L in [L; Aqk]
     o_row = gl.arange(0, 2 * BT, layout=L_TOK)
     m_i = (o_row < BT) & ((t0 + o_row) < eos)
     beta_i = gl.load(beta + (t0 + o_row) * HV + i_hv, mask=m_i, other=0.0).to(gl.float32)
@@ -328,12 +376,9 @@ def _chunk_prepare_gluon_kernel(
         _tma_store(kt_desc, [row1, h * KB], in_q.index(h))
     b_la = warpgroup_mma_wait(0, deps=[b_la])
 
-    # −L (rows 0..BT−1: j < i, times −β_i) and Aqk (rows BT..: j ≤ i, times the scale) in one tile: one
-    # factor and one bound per row. Each reader takes its own rows.
+    # −L and Aqk in one tile; each reader takes its own rows.
     o_j = o_t
-    f_row = gl.where(is_l, -beta_i, scale)
-    j_end = gl.where(is_l, o_r, o_r - (BT - 1))      # keep j < j_end
-    b_x = gl.where(o_j[None, :] < j_end[:, None], b_la * gl.expand_dims(f_row, 1), 0.0)
+    b_x = _masked_l_aqk(b_la, beta_i, scale, o_r, o_j, is_l, BT)
 
     # T = (I + L)^-1 by block doubling (chunk_prepare.py), rows BT.. of the tile zero throughout. The
     # doubling's tiles share in_g and in_q: every thread must have copied Qg and Kt out first. Aqk (rows
@@ -359,19 +404,7 @@ def _chunk_prepare_gluon_kernel(
     _cta_barrier()
     _tma_store(aqk_desc, [row1, 0], aq_s.slice(BT, BT))
     if T_FP16:
-        for lvl in gl.static_range(1, LOG2_BT):
-            t_16 = b_t.to(gl.float16)
-            b_tl = warpgroup_mma(gl.convert_layout(t_16, a_op), tl_s.slice(0, BT),
-                                 gl.zeros([2 * BT, BT], gl.float32, layout=acc), is_async=True)
-            if lvl > 1:
-                _cta_barrier()                       # the last level's product of T_b is done everywhere
-            th_s.store(t_16)
-            b_tl = warpgroup_mma_wait(0, deps=[b_tl])
-            x_16 = gl.where((o_r >> lvl)[:, None] == ((o_j >> lvl) ^ 1)[None, :], b_tl, 0.0).to(gl.float16)
-            fence_async_shared()
-            _cta_barrier()                           # T_b is in shared memory
-            b_t = warpgroup_mma(gl.convert_layout(x_16, a_op), th_s.slice(0, BT), b_t, is_async=True)
-            b_t = warpgroup_mma_wait(0, deps=[b_t])
+        b_t = _doubling_fp16(b_t, tl_s, th_s, o_r, o_j, 1, LOG2_BT, BT, acc, a_op)
     else:
         for lvl in gl.static_range(1, LOG2_BT):
             t_hi, t_lo = _split_bf16(b_t)

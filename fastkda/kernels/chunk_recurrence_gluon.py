@@ -121,6 +121,27 @@ def _loader(RING: gl.constexpr, LAG: gl.constexpr, c_begin, c_end, a1, tb, aqk, 
 
 
 @gluon.jit
+def _chunk_products(b_st, w_t, q_t, kt_t, aq_t, th_t, tl_t, v_t, g_s, BV: gl.constexpr, BT: gl.constexpr,
+                    acc_k: gl.constexpr, acc_t: gl.constexpr, a_k: gl.constexpr, a_t: gl.constexpr):
+    """One chunk of the recurrence for one warpgroup's BV value columns, from shared tiles: (−W)ᵀ and Qgᵀ
+    ([K, BT] views), Kt, Aqkᵀ, the halves of tb, Vᵀ and gl. Returns the next Sᵀ and Oᵀ (fp32)."""
+    # Sᵀ in bf16 as a register operand (the accumulator layout is already the operand layout); formed
+    # before any product is in flight, so ptxas needs no wait to protect its registers.
+    b_sa = gl.convert_layout(b_st.to(gl.bfloat16), a_k)
+    b_u = warpgroup_mma(b_sa, w_t, gl.zeros([BV, BT], gl.float32, layout=acc_t), is_async=True)
+    b_u = warpgroup_mma(v_t, th_t, b_u, is_async=True)
+    b_u = warpgroup_mma(v_t, tl_t, b_u, is_async=True)
+    b_p = warpgroup_mma(b_sa, q_t, gl.zeros([BV, BT], gl.float32, layout=acc_t), is_async=True)
+    b_u, b_sa = warpgroup_mma_wait(1, deps=[b_u, b_sa])  # Uᵀ done; Pᵀ may still be in flight
+    b_ub = b_u.to(gl.bfloat16)
+    b_gl = g_s.load(gl.SliceLayout(0, acc_k))
+    b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_t, b_st * gl.expand_dims(b_gl, 0), is_async=True)
+    b_o = warpgroup_mma(gl.convert_layout(b_ub, a_t), aq_t, b_p, is_async=True)
+    b_st, b_o = warpgroup_mma_wait(0, deps=[b_st, b_o])
+    return b_st, b_o
+
+
+@gluon.jit
 def _chain(RING: gl.constexpr, c_begin, c_end, n_chunks, n, i_nh, i_hv, i_v, bos, eos, HV, h0, ht, o,
            s_state_k, s_state_v, w_r, q_r, kt_r, aqk_r, th_r, tl_r, v_r, g_r, o_s, ready, free,
            state_buf, flags, window_idx,
@@ -167,22 +188,9 @@ def _chain(RING: gl.constexpr, c_begin, c_end, n_chunks, n, i_nh, i_hv, i_v, bos
         j = c - c_begin
         s = j % RING
         mbarrier.wait(ready.index(s), (j // RING) & 1)
-        # Sᵀ in bf16 as a register operand (the accumulator layout is already the operand layout); formed
-        # before any product is in flight, so ptxas needs no wait to protect its registers.
-        b_sa = gl.convert_layout(b_st.to(gl.bfloat16), a_k)
-        b_u = warpgroup_mma(b_sa, w_r.index(s).permute((1, 0)), gl.zeros([BV, BT], gl.float32, layout=acc_t),
-                            is_async=True)
-        b_u = warpgroup_mma(v_r.index(s).permute((1, 0)), th_r.index(s), b_u, is_async=True)
-        b_u = warpgroup_mma(v_r.index(s).permute((1, 0)), tl_r.index(s), b_u, is_async=True)
-        b_p = warpgroup_mma(b_sa, q_r.index(s).permute((1, 0)), gl.zeros([BV, BT], gl.float32, layout=acc_t),
-                            is_async=True)
-        b_u, b_sa = warpgroup_mma_wait(1, deps=[b_u, b_sa])  # Uᵀ done; Pᵀ may still be in flight
-        b_ub = b_u.to(gl.bfloat16)
-        b_gl = g_r.index(s).load(gl.SliceLayout(0, acc_k))
-        b_st = warpgroup_mma(gl.convert_layout(b_ub, a_k), kt_r.index(s), b_st * gl.expand_dims(b_gl, 0),
-                             is_async=True)
-        b_o = warpgroup_mma(gl.convert_layout(b_ub, a_t), aqk_r.index(s).permute((1, 0)), b_p, is_async=True)
-        b_st, b_o = warpgroup_mma_wait(0, deps=[b_st, b_o])
+        b_st, b_o = _chunk_products(b_st, w_r.index(s).permute((1, 0)), q_r.index(s).permute((1, 0)), kt_r.index(s),
+                                    aqk_r.index(s).permute((1, 0)), th_r.index(s), tl_r.index(s),
+                                    v_r.index(s).permute((1, 0)), g_r.index(s), BV, BT, acc_k, acc_t, a_k, a_t)
         # The output tile goes out through shared memory: written from the accumulator, read back as rows of BV
         # consecutive values (16-byte stores) instead of one 2-byte store per element.
         o_s.store(gl.permute(b_o.to(o.dtype.element_ty), (1, 0)))

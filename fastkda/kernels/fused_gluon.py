@@ -1,0 +1,290 @@
+"""The fused forward in Gluon (Hopper, bf16, K = V = 128, the gate, the key/query l2 norm and the β sigmoid):
+stage 1 and stage 2 in one program per (sequence, value head), the chunk tensors kept in shared memory.
+
+Same math and rounding points as the two stages (chunk_prepare_gluon.py, chunk_recurrence_gluon.py), so the
+outputs and final states are bitwise equal to theirs. Per chunk of BT tokens:
+
+    producer (chunk-local):  (G − r)ᵀ, k̂⊙e^{±(G−r)}, Qg, Kt, [L; Aqk], the masks, T = (I + L)^-1 by block
+                             doubling, tb = T·diag(β) in bf16 halves                 (stage 1's code)
+    chain (carried state):   −W = −(k̂⊙e^{G−r})ᵀ·tbᵀ·e^r                                (stage 1's last product)
+                             Uᵀ = Sᵀ·(−W)ᵀ + Vᵀ·tb,  Oᵀ = Sᵀ·Qgᵀ + Uᵀ·Aqkᵀ,
+                             Sᵀ ← Sᵀ·diag(gl) + Uᵀ·Kt                                  (stage 2's products)
+
+Three warpgroups (warp specialization). Two producers take alternate chunks of the sequence: each copies
+its chunk's g, k, q and v rows (cp.async, the next chunk's as soon as [L; Aqk] has read the current ones),
+does the chunk-local work and leaves its tiles in shared memory of its own. The chain (the program's own
+warps) carries both 64-column halves of Sᵀ in registers, takes the chunks in order, forms −W and runs the
+products. Per producer an mbarrier `ready` (its chunk's tiles are in shared memory) and `free` (the chain is
+done with them); a producer waits for `free` only before its first write of a tile the chain reads, so its
+input copies and the first half of its gate work overlap the chain. The −W products sit in the chain
+because the chain, not the producers, has time to spare: with them in the producers the fused forward
+broke even with the two stages, in the chain it runs 2–7% faster on packed sequences (docs/perf-notes.md,
+session 17). 215 KB of shared memory: one program per SM, so the kernel pays where there are several
+(sequence, head) programs per SM and sequences are not short (kernels.fused_by_rule).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy, fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait,
+)
+
+from .chunk_prepare_gluon import (
+    LOG2E, _block_decays, _block_operands, _doubling_fp16, _ex2, _masked_l_aqk, _rcp, _row_sq_sums, _split_bf16,
+    _view, _w_block,
+)
+from .chunk_recurrence_gluon import _chunk_products, _cp_async, _cta_barrier, _opaque, _state_offsets
+
+
+@gluon.jit
+def _issue_inputs(c, buf, P: gl.constexpr, B0: gl.constexpr, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_k,
+                  in_q, v_s, r_in, c_in, K: gl.constexpr, V: gl.constexpr, KB: gl.constexpr, BT: gl.constexpr):
+    """cp.async of chunk c's g, k, q rows (into producer P's input tiles B0, B0 + 1) and v rows (into its value
+    buffer buf), padding rows zero."""
+    tok = bos + c * BT + r_in
+    m = (tok < eos)[:, None]
+    for h in gl.static_range(2):
+        _cp_async(in_g.index(B0 + h), g + (tok * HV + i_hv)[:, None] * K + (h * KB + c_in)[None, :], mask=m)
+        _cp_async(in_k.index(B0 + h), k + (tok * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m)
+        _cp_async(in_q.index(B0 + h), q + (tok * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m)
+        _cp_async(v_s.index(4 * P + 2 * buf + h), v + (tok * HV + i_hv)[:, None] * V + (h * KB + c_in)[None, :],
+                  mask=m)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale,
+              lower_bound, in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, l_all, t_all, gl_all, er_all,
+              v_s, ready, free, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, LOG2_BT: gl.constexpr):
+    """Producer P: the chunk-local work of chunks P, P + 2, ... (chunk_prepare_gluon.py's, tiles left in shared
+    memory: Qg, Kt, Aqk, tb's halves, the operand k̂⊙e^{G−r} of −W, e^{G_last}, e^r, the values)."""
+    KB: gl.constexpr = 64
+    acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    per_row: gl.constexpr = gl.SliceLayout(1, acc)
+    per_col: gl.constexpr = gl.SliceLayout(0, acc)
+    L_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (KB // 8), KB // 8], [4, 1], [1, 0])
+    L_BT: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])
+    L_TOK: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    B0: gl.constexpr = 2 * P                         # this producer's channel blocks: B0, B0 + 1
+    ap_s = ap_all.index(P)
+    aq_s = aq_all.index(P)
+    lh_s = l_all.index(2 * P)                        # tb's high half
+    ll_s = l_all.index(2 * P + 1)                    # ... and low half
+    th_s = t_all.index(2 * P)                        # the doubling's T_b, fp16
+    tl_s = t_all.index(2 * P + 1)                    # L, fp16
+    gl_s = gl_all.index(P)
+
+    c_g = -LOG2E * gl.exp(gl.load(A_log + i_hv))
+    o_kb = gl.arange(0, KB, layout=per_row)
+    d_g0 = gl.load(dt_bias + i_hv * K + o_kb) * c_g
+    d_g1 = gl.load(dt_bias + i_hv * K + KB + o_kb) * c_g
+    # β of the first chunk (each next chunk's is loaded beside its input copies)
+    o_row0 = gl.arange(0, 2 * BT, layout=L_TOK)
+    o_tok0 = gl.arange(0, BT, layout=L_TOK)
+    t0p = bos + P * BT
+    rb_i = gl.load(beta + (t0p + o_row0) * HV + i_hv, mask=(o_row0 < BT) & ((t0p + o_row0) < eos),
+                   other=0.0).to(gl.float32)
+    rb_j = gl.load(beta + (t0p + o_tok0) * HV + i_hv, mask=(t0p + o_tok0) < eos, other=0.0).to(gl.float32)
+    if P < n_chunks:
+        _issue_inputs(P, 0, P, B0, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_k, in_q, v_s,
+                      gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS)),
+                      gl.arange(0, KB, layout=gl.SliceLayout(0, L_ROWS)), K, V, KB, BT)
+    for c in range(P, n_chunks, 2):
+        it = c // 2
+        # index vectors from an opaque zero, inside the loop: hoisted out of it they stay live and spill
+        z = _opaque(0)
+        r_in = gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS)) + z
+        c_in = gl.arange(0, KB, layout=gl.SliceLayout(0, L_ROWS))
+        o_t = gl.arange(0, BT, layout=per_col) + z
+        o_r = gl.arange(0, 2 * BT, layout=per_row) + z
+        is_l = o_r < BT
+        o_row = gl.arange(0, 2 * BT, layout=L_TOK) + z
+        o_tok = gl.arange(0, BT, layout=L_TOK) + z
+        jj = gl.arange(0, BT, layout=gl.SliceLayout(1, L_BT)) + z
+        ii = gl.arange(0, BT, layout=gl.SliceLayout(0, L_BT)) + z
+        t0 = bos + c * BT
+        m_i = (o_row < BT) & ((t0 + o_row) < eos)
+        m_tok = (t0 + o_tok) < eos
+        beta_i = gl.convert_layout(gl.where(m_i, _rcp(1.0 + _ex2(rb_i * -LOG2E)), 0.0), per_row)
+        beta_j = gl.convert_layout(gl.where(m_tok, _rcp(1.0 + _ex2(rb_j * -LOG2E)), 0.0), per_col)
+        if (c == P) | (t0 + BT > eos):               # A' changes only for a partial chunk (a sequence's last)
+            ap = gl.where(jj[:, None] <= ii[None, :], 0.5, -0.5)
+            ap = gl.where((t0 + jj < eos)[:, None], ap, 0.0)
+            ap_s.store((ap * (1.0 / 2048.0)).to(gl.float16))
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _cta_barrier()                               # the inputs and A'ᵀ are in shared memory
+
+        inv_nk = gl.convert_layout(gl.rsqrt(_row_sq_sums(in_k.index(B0), L_ROWS)
+                                            + _row_sq_sums(in_k.index(B0 + 1), L_ROWS) + 1e-6), per_col)
+        inv_nq = gl.convert_layout(gl.rsqrt(_row_sq_sums(in_q.index(B0), L_ROWS)
+                                            + _row_sq_sums(in_q.index(B0 + 1), L_ROWS) + 1e-6), per_col)
+        b_d, r_ref = _block_decays(B0, in_g, ap_s, c_g, d_g0, o_t, lower_bound, KB, BT, True, True, acc, a_op)
+        e_r0 = _ex2(r_ref)
+        mbarrier.wait(free.index(P), (it & 1) ^ 1)   # the chain is done with this producer's previous chunk
+        gl_s.slice(0, KB).store(_ex2(2.0 * r_ref))
+        _block_operands(b_d, e_r0, in_q.index(B0), in_k.index(B0), pq_s.index(B0), qg_all.index(B0), in_k.index(B0),
+                        kt_all.index(B0), inv_nk, inv_nq, scale, BT, True, acc, a_op)
+        b_d, r_ref = _block_decays(B0 + 1, in_g, ap_s, c_g, d_g1, o_t, lower_bound, KB, BT, True, True, acc, a_op)
+        e_r1 = _ex2(r_ref)
+        gl_s.slice(KB, KB).store(_ex2(2.0 * r_ref))
+        _block_operands(b_d, e_r1, in_q.index(B0 + 1), in_k.index(B0 + 1), pq_s.index(B0 + 1),
+                        qg_all.index(B0 + 1), in_k.index(B0 + 1), kt_all.index(B0 + 1), inv_nk, inv_nq, scale, BT,
+                        True, acc, a_op)
+        fence_async_shared()
+        _cta_barrier()
+        b_la = warpgroup_mma(pq_s.index(B0), in_k.index(B0).permute((1, 0)),
+                             gl.zeros([2 * BT, BT], gl.float32, layout=acc), is_async=True)
+        b_la = warpgroup_mma(pq_s.index(B0 + 1), in_k.index(B0 + 1).permute((1, 0)), b_la, is_async=True)
+        b_la = warpgroup_mma_wait(0, deps=[b_la])
+        _cta_barrier()                               # the inputs and k̂⊙e^{r−G} are read: the next chunk's may come
+        t0n = t0 + 2 * BT
+        rb_i = gl.load(beta + (t0n + o_row) * HV + i_hv, mask=(o_row < BT) & ((t0n + o_row) < eos),
+                       other=0.0).to(gl.float32)
+        rb_j = gl.load(beta + (t0n + o_tok) * HV + i_hv, mask=(t0n + o_tok) < eos, other=0.0).to(gl.float32)
+        if c + 2 < n_chunks:
+            _issue_inputs(c + 2, 1 - it % 2, P, B0, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_k, in_q, v_s,
+                          r_in, c_in, K, V, KB, BT)
+        b_x = _masked_l_aqk(b_la, beta_i, scale, o_r, o_t, is_l, BT)
+        _cta_barrier()
+        aq_s.store(b_x.to(gl.bfloat16))
+        # T_2 = I − L on the 2 × 2 diagonal blocks; rows BT.. zero
+        b_t = gl.where(o_t[None, :] == o_r[:, None], 1.0, 0.0) + gl.where(
+            (o_r[:, None] // 2) == (o_t[None, :] // 2), b_x, 0.0)
+        tl_s.store(b_x.to(gl.float16))
+        fence_async_shared()
+        _cta_barrier()
+        b_t = _doubling_fp16(b_t, tl_s, th_s, o_r, o_t, 1, LOG2_BT, BT, acc, a_op)
+        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(beta_j, 0))
+        lh_s.store(tb_hi)
+        ll_s.store(tb_lo)
+        er_all.index(P).slice(0, KB).store(e_r0)
+        er_all.index(P).slice(KB, KB).store(e_r1)
+        fence_async_shared()
+        _cta_barrier()
+        mbarrier.arrive(ready.index(P), count=1)
+
+
+@gluon.jit
+def _store_output(o_s, b_o, o, rows, i_hv, HV, o_vo, V: gl.constexpr, L_O: gl.constexpr, eos):
+    """Oᵀ of one 64-column half out through shared memory, as 16-byte rows."""
+    o_s.store(gl.permute(b_o.to(o.dtype.element_ty), (1, 0)))
+    _cta_barrier()
+    gl.store(o + (rows * HV + i_hv)[:, None] * V + o_vo[None, :], o_s.load(L_O), mask=(rows < eos)[:, None])
+    _cta_barrier()                                   # o_s is read everywhere before it is written again
+
+
+@gluon.jit
+def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k, s_state_v, qg_all, kt_all, aq_all, pq_s, l_all,
+           w_all, gl_all, er_all, v_s, o_s, ready, free, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+           HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
+    """The chain (the program's own warpgroup): both 64-column halves of Sᵀ through the chunks in order, −W of
+    each chunk first; the outputs; the final state."""
+    BV: gl.constexpr = 64
+    acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
+    a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
+    L_O: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BV // 8), BV // 8], [4, 1], [1, 0])
+    sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    if HAS_H0:
+        b_s0 = gl.load(h0 + _state_offsets(n * HV + i_hv, 0, s_state_k, s_state_v, K, V, BV, acc_k)).to(gl.float32)
+        b_s1 = gl.load(h0 + _state_offsets(n * HV + i_hv, 1, s_state_k, s_state_v, K, V, BV, acc_k)).to(gl.float32)
+    else:
+        b_s0 = gl.zeros([BV, K], gl.float32, layout=acc_k)
+        b_s1 = gl.zeros([BV, K], gl.float32, layout=acc_k)
+    # the producers' [BT, 64] tiles of one chunk, two channel blocks side by side, as [BT, K] tiles
+    w_k = _view(w_all, gl.bfloat16, [2, BT, K], sw_k)
+    q_k = _view(qg_all, gl.bfloat16, [2, BT, K], sw_k)
+    kt_k = _view(kt_all, gl.bfloat16, [2, BT, K], sw_k)
+    for c in range(0, n_chunks):
+        p = c % 2
+        z = _opaque(0)                               # index vectors made in the loop: hoisted, they spill
+        o_to = gl.arange(0, BT, layout=gl.SliceLayout(1, L_O)) + z
+        o_v0 = gl.arange(0, BV, layout=gl.SliceLayout(0, L_O)) + z
+        mbarrier.wait(ready.index(p), (c // 2) & 1)
+        lh_s = l_all.index(2 * p)
+        ll_s = l_all.index(2 * p + 1)
+        for h in gl.static_range(2):
+            _w_block(2 * p + h, er_all.index(p).slice(h * 64, 64).load(gl.SliceLayout(1, acc_t)), pq_s, lh_s, ll_s,
+                     w_all, BT, 64, acc_t)
+        fence_async_shared()
+        _cta_barrier()                               # −W is in shared memory
+        vb = 4 * p + 2 * ((c // 2) % 2)
+        rows = bos + c * BT + o_to
+        th_t = lh_s.slice(0, BT).permute((1, 0))
+        tl_t = ll_s.slice(0, BT).permute((1, 0))
+        aq_t = aq_all.index(p).slice(BT, BT).permute((1, 0))     # Aqk: rows BT.. of the masked tile
+        b_s0, b_o = _chunk_products(b_s0, w_k.index(p).permute((1, 0)), q_k.index(p).permute((1, 0)), kt_k.index(p),
+                                    aq_t, th_t, tl_t, v_s.index(vb).permute((1, 0)),
+                                    gl_all.index(p), BV, BT, acc_k, acc_t, a_k, a_t)
+        _store_output(o_s, b_o, o, rows, i_hv, HV, o_v0, V, L_O, eos)
+        b_s1, b_o = _chunk_products(b_s1, w_k.index(p).permute((1, 0)), q_k.index(p).permute((1, 0)), kt_k.index(p),
+                                    aq_t, th_t, tl_t, v_s.index(vb + 1).permute((1, 0)), gl_all.index(p), BV, BT, acc_k, acc_t, a_k, a_t)
+        _store_output(o_s, b_o, o, rows, i_hv, HV, BV + o_v0, V, L_O, eos)
+        mbarrier.arrive(free.index(p), count=1)
+    if STORE_HT:
+        # offsets from an index the compiler cannot prove equal to the first ones (else kept live: spills)
+        o_st = _state_offsets(_opaque(n * HV + i_hv), 0, s_state_k, s_state_v, K, V, BV, acc_k)
+        gl.store(ht + o_st, b_s0.to(ht.dtype.element_ty))
+        o_st = _state_offsets(_opaque(n * HV + i_hv), 1, s_state_k, s_state_v, K, V, BV, acc_k)
+        gl.store(ht + o_st, b_s1.to(ht.dtype.element_ty))
+
+
+@gluon.jit
+def _fused_kernel(q, k, v, g, beta, A_log, dt_bias, h0, ht, o, cu_seqlens, seq_order, T, scale, lower_bound,
+                  s_state_k, s_state_v, H, HV, HV_PER_H: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                  BT: gl.constexpr, LOG2_BT: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr,
+                  STORE_HT: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    gl.static_assert((K == 128) & (V == 128) & (BT == 32), "the fused kernel is written for K = V = 128, BT = 32")
+    i_nh = gl.program_id(0)
+    i_hv = i_nh % HV
+    i_h = i_hv // HV_PER_H                           # a compile-time divisor: a shift, not a division
+    if IS_VARLEN:
+        n = gl.load(seq_order + i_nh // HV)          # longest sequences first
+        bos = gl.load(cu_seqlens + n).to(gl.int32)
+        eos = gl.load(cu_seqlens + n + 1).to(gl.int32)
+    else:
+        n = i_nh // HV
+        bos = n * T
+        eos = bos + T
+    n_chunks = gl.cdiv(eos - bos, BT)
+    KB: gl.constexpr = 64
+    sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    # Per producer P: channel blocks 2P, 2P + 1 of the [BT, 64] tiles; [2·BT, BT] tiles P (or 2P, 2P + 1).
+    in_g = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
+    in_k = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)      # later k̂⊙e^{r−G}
+    in_q = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
+    pq_s = gl.allocate_shared_memory(gl.bfloat16, [4, 2 * BT, KB], sw_k)  # [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
+    ap_all = gl.allocate_shared_memory(gl.float16, [2, BT, BT], sw_t)     # A'ᵀ
+    aq_all = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)   # [−L; Aqk] (Aqk read)
+    l_all = gl.allocate_shared_memory(gl.bfloat16, [4, 2 * BT, BT], sw_t)    # tb's halves
+    t_all = gl.allocate_shared_memory(gl.float16, [4, 2 * BT, BT], sw_t)     # T_b, L
+    w_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)     # −W (the chain's)
+    qg_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
+    kt_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
+    gl_all = gl.allocate_shared_memory(gl.float32, [2, K], flat)          # e^{G_last}
+    er_all = gl.allocate_shared_memory(gl.float32, [2, K], flat)          # e^r
+    v_s = gl.allocate_shared_memory(gl.bfloat16, [8, BT, KB], sw_k)       # [producer, buffer, half]
+    o_s = gl.allocate_shared_memory(gl.bfloat16, [BT, KB], sw_k)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(free.index(i), count=1)
+    fence_async_shared()
+    # (the partitions' arguments as tuples in the call itself: a tuple built beforehand turns constexprs into
+    # tensors)
+    gl.warp_specialize([
+        (_chain, (n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k, s_state_v, qg_all, kt_all, aq_all, pq_s,
+                  l_all, w_all, gl_all, er_all, v_s, o_s, ready, free, K, V, BT, HAS_H0, STORE_HT)),
+        (_producer, (0, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale, lower_bound,
+                     in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, l_all, t_all, gl_all, er_all, v_s,
+                     ready, free, K, V, BT, LOG2_BT)),
+        (_producer, (1, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale, lower_bound,
+                     in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, l_all, t_all, gl_all, er_all, v_s,
+                     ready, free, K, V, BT, LOG2_BT)),
+    ], [4, 4], [PRODUCER_REGS, PRODUCER_REGS])
