@@ -210,7 +210,8 @@ def launcher_configurations(D: int = 64):
         from fastkda.kernels.fused_gluon import _fused_kernel
         for varlen in (True, False):
             yield (f"fused (Gluon), bf16, {'packed' if varlen else 'fixed-length'}", _fused_kernel,
-                   dict(HV_PER_H=1, K=D, V=D, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, HAS_H0=True,
+                   dict(S_STATE_K=1, S_STATE_V=D, HV_PER_H=1, K=D, V=D, BT=BT, LOG2_BT=BT.bit_length() - 1,
+                        IS_VARLEN=varlen, HAS_H0=True,
                         STORE_HT=True, PRODUCER_REGS=kernels.FUSED_PRODUCER_REGS), 4, 1, kernels.FUSED_MAXNREG,
                    GluonASTSource, None)
 

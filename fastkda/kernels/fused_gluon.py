@@ -176,11 +176,12 @@ def _store_output(o_s, b_o, o, rows, i_hv, HV, o_vo, V: gl.constexpr, L_O: gl.co
 
 
 @gluon.jit
-def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k, s_state_v, qg_all, kt_all, aq_all, pq_s, l_all,
-           w_all, gl_all, er_all, v_s, o_s, ready, free, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-           HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
+def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, s_state_v: gl.constexpr, qg_all,
+           kt_all, aq_all, pq_s, l_all, w_all, gl_all, er_all, v_s, o_s, ready, free, K: gl.constexpr,
+           V: gl.constexpr, BT: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """The chain (the program's own warpgroup): both 64-column halves of Sᵀ through the chunks in order, −W of
-    each chunk first; the outputs; the final state."""
+    each chunk first; the outputs; the final state (its layout's strides compile-time: vector loads and
+    stores)."""
     BV: gl.constexpr = 64
     acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
@@ -234,7 +235,8 @@ def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k, s_state_v, qg_
 
 @gluon.jit
 def _fused_kernel(q, k, v, g, beta, A_log, dt_bias, h0, ht, o, cu_seqlens, seq_order, T, scale, lower_bound,
-                  s_state_k, s_state_v, H, HV, HV_PER_H: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                  H, HV, S_STATE_K: gl.constexpr, S_STATE_V: gl.constexpr, HV_PER_H: gl.constexpr, K: gl.constexpr,
+                  V: gl.constexpr,
                   BT: gl.constexpr, LOG2_BT: gl.constexpr, IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr,
                   STORE_HT: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     gl.static_assert((K == 128) & (V == 128) & (BT == 32), "the fused kernel is written for K = V = 128, BT = 32")
@@ -279,7 +281,7 @@ def _fused_kernel(q, k, v, g, beta, A_log, dt_bias, h0, ht, o, cu_seqlens, seq_o
     # (the partitions' arguments as tuples in the call itself: a tuple built beforehand turns constexprs into
     # tensors)
     gl.warp_specialize([
-        (_chain, (n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k, s_state_v, qg_all, kt_all, aq_all, pq_s,
+        (_chain, (n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, S_STATE_K, S_STATE_V, qg_all, kt_all, aq_all, pq_s,
                   l_all, w_all, gl_all, er_all, v_s, o_s, ready, free, K, V, BT, HAS_H0, STORE_HT)),
         (_producer, (0, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale, lower_bound,
                      in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, l_all, t_all, gl_all, er_all, v_s,
