@@ -201,9 +201,10 @@ def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, 
     kt_k = _view(kt_all, gl.bfloat16, [2, BT, K], sw_k)
     for c in range(0, n_chunks):
         p = c % 2
-        z = _opaque(0)                               # index vectors made in the loop: hoisted, they spill
-        o_to = gl.arange(0, BT, layout=gl.SliceLayout(1, L_O)) + z
-        o_v0 = gl.arange(0, BV, layout=gl.SliceLayout(0, L_O)) + z
+        # the token index from an opaque zero (hoisted out of the loop it stays live and spills); the column
+        # index visible, so that the output stores stay 16 bytes wide
+        o_to = gl.arange(0, BT, layout=gl.SliceLayout(1, L_O)) + _opaque(0)
+        o_v0 = gl.arange(0, BV, layout=gl.SliceLayout(0, L_O))
         mbarrier.wait(ready.index(p), (c // 2) & 1)
         lh_s = l_all.index(2 * p)
         ll_s = l_all.index(2 * p + 1)
