@@ -64,6 +64,18 @@ def truth(x, p, state_v_first=True, flags=(True, True, True)):
                           use_beta_sigmoid=flags[2])
 
 
+def record_launches(monkeypatch, entry=lambda kernel, kwargs: getattr(kernel, "__name__", str(kernel))):
+    """The launches through fastkda.kernels.launch from now on, as entry(kernel, kwargs) each (they still run)."""
+    from fastkda import kernels
+    launched, launch = [], kernels.launch
+
+    def recording(kernel, grid, *args, **kwargs):
+        launched.append(entry(kernel, kwargs))
+        return launch(kernel, grid, *args, **kwargs)
+    monkeypatch.setattr(kernels, "launch", recording)
+    return launched
+
+
 def check(x, p, shape, tol, **kw):
     out, fs = run_triton(x, p, shape, **kw)
     assert not out.isnan().any(), "unwritten or NaN output"
@@ -370,13 +382,8 @@ def test_wide_stage2_gives_the_two_program_results_bit_for_bit(lens, B, T, K, wi
         pytest.skip("needs Hopper")
     kw = dict(lens=lens) if lens is not None else dict(B=B, T=T)
     x, p, shape = make(**kw, H=2, HV=4, K=K, V=128, seed=11, with_h0=with_h0, state_v_first=state_v_first)
-    launched = []
-    launch = kernels.launch
-
-    def recording(kernel, grid, *args, **kwargs):
-        launched.append((getattr(kernel, "__name__", str(kernel)), kwargs.get("BV"), kwargs.get("num_warps")))
-        return launch(kernel, grid, *args, **kwargs)
-    monkeypatch.setattr(kernels, "launch", recording)
+    launched = record_launches(monkeypatch, lambda kernel, kwargs: (getattr(kernel, "__name__", str(kernel)),
+                                                                    kwargs.get("BV"), kwargs.get("num_warps")))
     results = []
     for wide in (False, True):
         monkeypatch.setattr(kernels, "STAGE2_WIDE", wide)
@@ -406,13 +413,7 @@ def test_stage2_ring_depths_give_the_same_bits(lens, B, T, with_h0, wide, monkey
     kw = dict(lens=lens) if lens is not None else dict(B=B, T=T)
     x, p, shape = make(**kw, H=2, HV=4, K=128, V=128, seed=5, with_h0=with_h0, state_v_first=True)
     monkeypatch.setattr(kernels, "STAGE2_WIDE", wide)
-    launched = []
-    launch = kernels.launch
-
-    def recording(kernel, grid, *args, **kwargs):
-        launched.append(kwargs.get("RING"))
-        return launch(kernel, grid, *args, **kwargs)
-    monkeypatch.setattr(kernels, "launch", recording)
+    launched = record_launches(monkeypatch, lambda kernel, kwargs: kwargs.get("RING"))
     results = []
     for ring in ((2, 3, 4) if wide else (2, 3, 6)):
         monkeypatch.setattr(kernels, "STAGE2_RING", ring)
@@ -490,13 +491,7 @@ def test_fused_kernel_gives_the_two_stage_results_bit_for_bit(lens, B, T, H, HV,
                        state_v_first=state_v_first)
     if cu_dtype is not None:
         p["cu_seqlens"] = p["cu_seqlens"].to(cu_dtype)
-    launched = []
-    launch = kernels.launch
-
-    def recording(kernel, grid, *args, **kwargs):
-        launched.append(getattr(kernel, "__name__", str(kernel)))
-        return launch(kernel, grid, *args, **kwargs)
-    monkeypatch.setattr(kernels, "launch", recording)
+    launched = record_launches(monkeypatch)
     results = []
     for fused in (False, True):
         monkeypatch.setattr(kernels, "FUSED", fused)
