@@ -540,3 +540,44 @@ def test_fused_kernel_by_rule(monkeypatch):
     least = math.ceil(kernels.FUSED_MIN_PROGRAMS_PER_SM * 132)
     assert rule(least, 1, least * 256) and not rule(least - 1, 1, (least - 1) * 256)
     assert not rule(least, 1, least * 256 - 1)
+
+
+def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
+    # kda_forward counts the programs (sequences × value heads) and the mean sequence length of the call it
+    # gets, packed or fixed-length, and takes the fused kernel where the rule says so; FUSED overrides.
+    from fastkda import kernels
+
+    class TwoStages(Exception):
+        pass
+
+    def two_stages(*args, **kwargs):
+        raise TwoStages
+    taken = []
+    monkeypatch.setattr(kernels, "fused_applies", lambda *args: True)
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 2)        # the rule: at least 5 programs
+    monkeypatch.setattr(kernels, "run_fused", lambda *args, **kwargs: taken.append("fused"))
+    monkeypatch.setattr(kernels, "_plan_chunks", two_stages)
+
+    def route(lens=None, B=1, T=0, HV=1):
+        if lens is not None:
+            B, T = 1, sum(lens)
+        q = torch.empty(B, T, 1, 128, dtype=torch.bfloat16)
+        v = torch.empty(B, T, HV, 128, dtype=torch.bfloat16)
+        cu = None if lens is None else torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+        try:
+            kernels.kda_forward(q, q, v, v, v[..., 0], scale=1.0, out=v, final_state=None, A_log=None, dt_bias=None,
+                                lower_bound=-5.0, initial_state=None, cu_seqlens=cu, state_v_first=True,
+                                use_qk_l2norm=True, use_gate=True, use_beta_sigmoid=True)
+            return taken.pop()
+        except TwoStages:
+            return "two stages"
+    assert route(lens=[256] * 5) == "fused"
+    assert route(lens=[256] * 4) == "two stages"          # 4 programs
+    assert route(lens=[256] * 3, HV=2) == "fused"          # 6 programs
+    assert route(lens=[300, 200, 255, 255, 270]) == "fused"           # 256 tokens on average
+    assert route(lens=[300, 200, 255, 255, 269]) == "two stages"      # just under
+    assert route(B=5, T=256) == "fused" and route(B=4, T=256) == "two stages"
+    monkeypatch.setattr(kernels, "FUSED", True)
+    assert route(lens=[1]) == "fused"
+    monkeypatch.setattr(kernels, "FUSED", False)
+    assert route(lens=[256] * 5) == "two stages"
