@@ -72,7 +72,7 @@ WINDOW_CHUNKS = 256   # chunk slots per window, at least (each window costs two 
 WINDOW_SM_SHARE = 4   # windows only while stage 2 has at most one program per WINDOW_SM_SHARE SMs
 ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
                          # (N² comparisons in one program; a power of two); beyond, sorted by torch
-FUSED = None          # the fused kernel (fused_by_rule): None by rule; a bool forces it where it applies (fused_applies)
+FUSED = None          # the fused kernel: None by rule (fused_by_rule); a bool forces it where fused_applies
 FUSED_MIN_PROGRAMS_PER_SM = 2.5   # ... by rule with at least this many (sequence, head) programs per SM
 FUSED_MIN_TOKENS = 256            # ... and sequences this long on average
 FUSED_PRODUCER_REGS = 128   # registers per thread of each of the fused kernel's two producer warpgroups
