@@ -1,5 +1,5 @@
 """Stage 1 in Gluon (Hopper, bf16 inputs): the per-chunk work of chunk_prepare.py, same outputs, computed
-channel-major so that every product runs on the warpgroup tensor cores (wgmma).
+channel-major so that the products run on the warpgroup tensor cores (wgmma; the fp16 doubling on mma.sync).
 
 One program (one warpgroup) per (chunk of BT tokens, value head); windowed (WINDOWED), per chunk slot from
 slot_lo on (kernels/__init__.py). The element-wise work holds tiles
@@ -7,7 +7,8 @@ transposed, [K channels × BT tokens], in the register layout of a wgmma accumul
 
     (G − r)ᵀ = aᵀ · A'ᵀ,  A'[i, j] = [j ≤ i] − 1/2      a in fp16 or bf16 pieces: no scan; r = G_last / 2
     [L; Aqk]  = [k̂⊙e^{G−r}; q̂⊙e^{G−r}] · (k̂⊙e^{r−G})ᵀ     one product, M = 2·BT (both from shared memory)
-    T_2b      = T_b + mask_b ⊙ (T_b·(−L)) · T_b           block doubling; fp16, or bf16 high + low halves
+    T_2b      = T_b + mask_b ⊙ (T_b·(−L)) · T_b           block doubling; fp16 on mma.sync, or bf16 high + low
+                                                          halves on wgmma
     Wᵀ        = (k̂⊙e^{G−r})ᵀ · (T·diag(β))ᵀ                per block of 64 channels; high and low halves
 
 with the masks, scales and per-channel factors of chunk_prepare.py applied to the accumulators (padding
@@ -37,6 +38,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, tma, warpgroup_mma, warpgroup_mma_wait,
 )
+
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .chunk_recurrence_gluon import _cp_async, _cta_barrier
 
@@ -190,24 +193,38 @@ def _masked_l_aqk(b_la, beta_i, scale, o_r, o_j, is_l, BT: gl.constexpr):
     return gl.where(o_j[None, :] < j_end[:, None], b_la * gl.expand_dims(f_row, 1), 0.0)
 
 
+# T's register layout in the fp16 doubling: an mma.sync accumulator, warps 2 × 2 (one warpgroup).
+T_MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8]))
+
+
 @gluon.jit
-def _doubling_fp16(b_t, tl_s, th_s, o_r, o_j, LVL0: gl.constexpr, LOG2_BT: gl.constexpr, BT: gl.constexpr,
-                   acc: gl.constexpr, a_op: gl.constexpr):
-    """Levels LVL0 .. LOG2_BT − 1 of the block doubling T_2b = T_b + mask_b ⊙ (T_b·(−L))·T_b in fp16 (L in
-    tl_s, T_b staged in th_s; fp32 sums): T from T_{2^LVL0}."""
-    for lvl in gl.static_range(LVL0, LOG2_BT):
-        t_16 = b_t.to(gl.float16)
-        b_tl = warpgroup_mma(gl.convert_layout(t_16, a_op), tl_s.slice(0, BT),
-                             gl.zeros([2 * BT, BT], gl.float32, layout=acc), is_async=True)
-        if lvl > LVL0:
-            _cta_barrier()                           # the last level's product of T_b is done everywhere
-        th_s.store(t_16)
-        b_tl = warpgroup_mma_wait(0, deps=[b_tl])
-        x_16 = gl.where((o_r >> lvl)[:, None] == ((o_j >> lvl) ^ 1)[None, :], b_tl, 0.0).to(gl.float16)
-        fence_async_shared()
+def _doubling_fp16(tl_s, th_s, LOG2_BT: gl.constexpr, BT: gl.constexpr):
+    """T = (I + L)^-1 by block doubling, T_2b = T_b + mask_b ⊙ (T_b·(−L))·T_b, in fp16 with fp32 sums, from −L
+    in rows 0..BT−1 of tl_s. Returns T [BT, BT] in the register layout of an mma.sync accumulator.
+
+    mma.sync (16 × 8 tiles, warps 2 × 2) rather than wgmma: T is BT × BT and a wgmma tile has 64 rows, so
+    half of every wgmma accumulator was padding, and its element-wise work (masks, conversions) was 18% of a
+    stage-1 program's instructions. Here each thread holds 8 of T's elements, not 16. Both operands come from
+    shared memory (ldmatrix): T_b and X, staged in the two tiles th_s and tl_s by turns (rows 0..BT−1: T_b,
+    BT..2·BT−1: X), so a level's stores need no barrier for the level before's loads."""
+    mma: gl.constexpr = T_MMA
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    o_r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+    o_j = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+    neg_l = tl_s.slice(0, BT).load(b_op)             # the right operand of every level's first product
+    # T_2 = I − L on the 2 × 2 diagonal blocks
+    b_t = gl.where(o_j[None, :] == o_r[:, None], 1.0, 0.0) + gl.where(
+        (o_r[:, None] // 2) == (o_j[None, :] // 2), tl_s.slice(0, BT).load(mma).to(gl.float32), 0.0)
+    for lvl in gl.static_range(1, LOG2_BT):
+        buf = th_s if lvl % 2 == 1 else tl_s         # tl_s is free once every thread passed level 1's barrier
+        buf.slice(0, BT).store(b_t.to(gl.float16))
         _cta_barrier()                               # T_b is in shared memory
-        b_t = warpgroup_mma(gl.convert_layout(x_16, a_op), th_s.slice(0, BT), b_t, is_async=True)
-        b_t = warpgroup_mma_wait(0, deps=[b_t])
+        b_x = mma_v2(buf.slice(0, BT).load(a_op), neg_l, gl.zeros([BT, BT], gl.float32, layout=mma))
+        buf.slice(BT, BT).store(
+            gl.where((o_r >> lvl)[:, None] == ((o_j >> lvl) ^ 1)[None, :], b_x, 0.0).to(gl.float16))
+        _cta_barrier()                               # X is in shared memory
+        b_t = mma_v2(buf.slice(BT, BT).load(a_op), buf.slice(0, BT).load(b_op), b_t)
     return b_t
 
 
@@ -331,7 +348,7 @@ def _chunk_prepare_gluon_kernel(
         beta_i = _rcp(1.0 + _ex2(beta_i * -LOG2E))
         beta_j = _rcp(1.0 + _ex2(beta_j * -LOG2E))
     beta_i = gl.convert_layout(gl.where(m_i, beta_i, 0.0), per_row)
-    beta_j = gl.convert_layout(gl.where(m_tok, beta_j, 0.0), per_col)
+    beta_j = gl.where(m_tok, beta_j, 0.0)
 
     # A'ᵀ[j, i] = [j ≤ i] − 1/2, the right operand of (G − r)ᵀ (scaled by 2^-11 for the gate's 2^11·a);
     # rows of padding tokens zero: their a counts nowhere (one mask here, not one per element of a).
@@ -380,16 +397,13 @@ def _chunk_prepare_gluon_kernel(
     o_j = o_t
     b_x = _masked_l_aqk(b_la, beta_i, scale, o_r, o_j, is_l, BT)
 
-    # T = (I + L)^-1 by block doubling (chunk_prepare.py), rows BT.. of the tile zero throughout. The
-    # doubling's tiles share in_g and in_q: every thread must have copied Qg and Kt out first. Aqk (rows
+    # T = (I + L)^-1 by block doubling (chunk_prepare.py); on wgmma (the bf16 path) rows BT.. of the tile stay
+    # zero throughout. The doubling's tiles share in_g and in_q: every thread must have copied Qg and Kt out first. Aqk (rows
     # BT.. of its tile) goes out through the q half of pq_s's first block, which no product reads again.
     tma.store_wait(0)                                # the copies have read Qg and Kt
     _cta_barrier()
     aq_s = _view(pq_s, gl.bfloat16, [2 * NKB, 2 * BT, BT], sw_t).index(1)
     aq_s.store(b_x.to(gl.bfloat16))
-    # T_2 = I − L on the 2 × 2 diagonal blocks; rows BT.. zero (o_r ≥ BT matches no column).
-    b_t = gl.where(o_j[None, :] == o_r[:, None], 1.0, 0.0) + gl.where((o_r[:, None] // 2) == (o_j[None, :] // 2),
-                                                                       b_x, 0.0)
     # Normalised keys, β in [0, 1] and decays ≤ 1 make every step of the chunk's delta rule a contraction,
     # so |T[i, j]| ≤ 1 and |L[i, j]| ≤ 1: then fp16 holds L, T_b and the doubling's X = T_b·L (|X| ≤ 16)
     # with 11 significant bits, the precision of the Triton kernel's tf32 products, in one product per step
@@ -403,9 +417,17 @@ def _chunk_prepare_gluon_kernel(
     fence_async_shared()
     _cta_barrier()
     _tma_store(aqk_desc, [row1, 0], aq_s.slice(BT, BT))
+    # T·diag(β): tb = its transpose, high half then low half (rows 0..BT−1 of lh_s, ll_s; L's buffers are free:
+    # the doubling waited for its products); Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ.
     if T_FP16:
-        b_t = _doubling_fp16(b_t, tl_s, th_s, o_r, o_j, 1, LOG2_BT, BT, acc, a_op)
+        b_t = _doubling_fp16(tl_s, th_s, LOG2_BT, BT)
+        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, T_MMA)), 0))
+        lh_s.slice(0, BT).store(tb_hi)
+        ll_s.slice(0, BT).store(tb_lo)
     else:
+        # T_2 = I − L on the 2 × 2 diagonal blocks; rows BT.. zero (o_r ≥ BT matches no column).
+        b_t = gl.where(o_j[None, :] == o_r[:, None], 1.0, 0.0) + gl.where(
+            (o_r[:, None] // 2) == (o_j[None, :] // 2), b_x, 0.0)
         for lvl in gl.static_range(1, LOG2_BT):
             t_hi, t_lo = _split_bf16(b_t)
             t_hi_op = gl.convert_layout(t_hi, a_op)
@@ -427,11 +449,9 @@ def _chunk_prepare_gluon_kernel(
             b_t = warpgroup_mma(x_hi_op, tl_s.slice(0, BT), b_t, is_async=True)
             b_t = warpgroup_mma(gl.convert_layout(x_lo, a_op), th_s.slice(0, BT), b_t, is_async=True)
             b_t = warpgroup_mma_wait(0, deps=[b_t])
-
-    # T·diag(β): tb = its transpose, high half then low half; Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ.
-    tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(beta_j, 0))
-    lh_s.store(tb_hi)                                # L's buffers are free: the doubling waited for its products
-    ll_s.store(tb_lo)
+        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, per_col), 0))
+        lh_s.store(tb_hi)
+        ll_s.store(tb_lo)
     fence_async_shared()
     _cta_barrier()
     # tb[j, i] = (T·diag(β))[i, j]: the tiles read back transposed (ldmatrix), out as 16-byte rows.

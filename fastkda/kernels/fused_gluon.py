@@ -5,7 +5,7 @@ Same math and rounding points as the two stages (chunk_prepare_gluon.py, chunk_r
 outputs and final states are bitwise equal to theirs. Per chunk of BT tokens:
 
     producer (chunk-local):  (G − r)ᵀ, k̂⊙e^{±(G−r)}, Qg, Kt, [L; Aqk], the masks, T = (I + L)^-1 by block
-                             doubling, tb = T·diag(β) in bf16 halves                 (stage 1's code)
+                             doubling (mma.sync), tb = T·diag(β) in bf16 halves      (stage 1's code)
     chain (carried state):   −W = −(k̂⊙e^{G−r})ᵀ·tbᵀ·e^r                                (stage 1's last product)
                              Uᵀ = Sᵀ·(−W)ᵀ + Vᵀ·tb,  Oᵀ = Sᵀ·Qgᵀ + Uᵀ·Aqkᵀ,
                              Sᵀ ← Sᵀ·diag(gl) + Uᵀ·Kt                                  (stage 2's products)
@@ -30,8 +30,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .chunk_prepare_gluon import (
-    LOG2E, _block_decays, _block_operands, _doubling_fp16, _ex2, _masked_l_aqk, _rcp, _row_sq_sums, _split_bf16,
-    _view, _w_block,
+    LOG2E, T_MMA, _block_decays, _block_operands, _doubling_fp16, _ex2, _masked_l_aqk, _rcp, _row_sq_sums,
+    _split_bf16, _view, _w_block,
 )
 from .chunk_recurrence_gluon import _chunk_products, _cp_async, _cta_barrier, _opaque, _state_offsets
 
@@ -71,8 +71,8 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
     aq_s = aq_all.index(P)
     lh_s = l_all.index(2 * P)                        # tb's high half
     ll_s = l_all.index(2 * P + 1)                    # ... and low half
-    th_s = t_all.index(2 * P)                        # the doubling's T_b, fp16
-    tl_s = t_all.index(2 * P + 1)                    # L, fp16
+    th_s = t_all.index(2 * P)                        # the doubling's T_b and X, fp16
+    tl_s = t_all.index(2 * P + 1)                    # −L, fp16, then as th_s
     gl_s = gl_all.index(P)
 
     c_g = -LOG2E * gl.exp(gl.load(A_log + i_hv))
@@ -97,8 +97,6 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
         r_in = gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS)) + z
         c_in = gl.arange(0, KB, layout=gl.SliceLayout(0, L_ROWS))
         o_t = gl.arange(0, BT, layout=per_col) + z
-        o_r = gl.arange(0, 2 * BT, layout=per_row) + z
-        is_l = o_r < BT
         o_row = gl.arange(0, 2 * BT, layout=L_TOK) + z
         o_tok = gl.arange(0, BT, layout=L_TOK) + z
         jj = gl.arange(0, BT, layout=gl.SliceLayout(1, L_BT)) + z
@@ -107,7 +105,7 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
         m_i = (o_row < BT) & ((t0 + o_row) < eos)
         m_tok = (t0 + o_tok) < eos
         beta_i = gl.convert_layout(gl.where(m_i, _rcp(1.0 + _ex2(rb_i * -LOG2E)), 0.0), per_row)
-        beta_j = gl.convert_layout(gl.where(m_tok, _rcp(1.0 + _ex2(rb_j * -LOG2E)), 0.0), per_col)
+        beta_j = gl.where(m_tok, _rcp(1.0 + _ex2(rb_j * -LOG2E)), 0.0)
         if (c == P) | (t0 + BT > eos):               # A' changes only for a partial chunk (a sequence's last)
             ap = gl.where(jj[:, None] <= ii[None, :], 0.5, -0.5)
             ap = gl.where((t0 + jj < eos)[:, None], ap, 0.0)
@@ -146,19 +144,17 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
         if c + 2 < n_chunks:
             _issue_inputs(c + 2, 1 - it % 2, P, B0, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_k, in_q, v_s,
                           r_in, c_in, K, V, KB, BT)
-        b_x = _masked_l_aqk(b_la, beta_i, scale, o_r, o_t, is_l, BT)
+        o_r = gl.arange(0, 2 * BT, layout=per_row) + _opaque(0)   # made here: from the loop's top on it spilled
+        b_x = _masked_l_aqk(b_la, beta_i, scale, o_r, o_t, o_r < BT, BT)
         _cta_barrier()
         aq_s.store(b_x.to(gl.bfloat16))
-        # T_2 = I − L on the 2 × 2 diagonal blocks; rows BT.. zero
-        b_t = gl.where(o_t[None, :] == o_r[:, None], 1.0, 0.0) + gl.where(
-            (o_r[:, None] // 2) == (o_t[None, :] // 2), b_x, 0.0)
         tl_s.store(b_x.to(gl.float16))
         fence_async_shared()
         _cta_barrier()
-        b_t = _doubling_fp16(b_t, tl_s, th_s, o_r, o_t, 1, LOG2_BT, BT, acc, a_op)
-        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(beta_j, 0))
-        lh_s.store(tb_hi)
-        ll_s.store(tb_lo)
+        b_t = _doubling_fp16(tl_s, th_s, LOG2_BT, BT)
+        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, T_MMA)), 0))
+        lh_s.slice(0, BT).store(tb_hi)
+        ll_s.slice(0, BT).store(tb_lo)
         er_all.index(P).slice(0, KB).store(e_r0)
         er_all.index(P).slice(KB, KB).store(e_r1)
         fence_async_shared()
