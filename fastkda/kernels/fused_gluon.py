@@ -146,10 +146,10 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
                           r_in, c_in, K, V, KB, BT)
         o_r = gl.arange(0, 2 * BT, layout=per_row) + _opaque(0)   # made here: from the loop's top on it spilled
         b_x = _masked_l_aqk(b_la, beta_i, scale, o_r, o_t, o_r < BT, BT)
-        _cta_barrier()
+        # Aqk's tile is free since the wait for `free`, L's since the last chunk's doubling; the chain's wgmma
+        # reads Aqk after the fence before `ready`, the doubling reads L with ordinary loads: a barrier, no fence
         aq_s.store(b_x.to(gl.bfloat16))
         tl_s.store(b_x.to(gl.float16))
-        fence_async_shared()
         _cta_barrier()
         b_t = _doubling_fp16(tl_s, th_s, LOG2_BT, BT)
         tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, T_MMA)), 0))
