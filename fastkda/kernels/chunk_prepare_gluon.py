@@ -203,8 +203,8 @@ def _doubling_fp16(tl_s, th_s, LOG2_BT: gl.constexpr, BT: gl.constexpr):
     in rows 0..BT−1 of tl_s. Returns T [BT, BT] in the register layout of an mma.sync accumulator.
 
     mma.sync (16 × 8 tiles, warps 2 × 2) rather than wgmma: T is BT × BT and a wgmma tile has 64 rows, so
-    half of every wgmma accumulator was padding, and its element-wise work (masks, conversions) was 18% of a
-    stage-1 program's instructions. Here each thread holds 8 of T's elements, not 16. Both operands come from
+    half of every wgmma accumulator was padding; the masks and conversions ran on 16 elements per thread, a
+    quarter of a fused producer's instructions. Here each thread holds 8 of T's elements. Both operands come from
     shared memory (ldmatrix): T_b and X, staged in the two tiles th_s and tl_s by turns (rows 0..BT−1: T_b,
     BT..2·BT−1: X), so a level's stores need no barrier for the level before's loads."""
     mma: gl.constexpr = T_MMA
@@ -397,9 +397,9 @@ def _chunk_prepare_gluon_kernel(
     o_j = o_t
     b_x = _masked_l_aqk(b_la, beta_i, scale, o_r, o_j, is_l, BT)
 
-    # T = (I + L)^-1 by block doubling (chunk_prepare.py); on wgmma (the bf16 path) rows BT.. of the tile stay
-    # zero throughout. The doubling's tiles share in_g and in_q: every thread must have copied Qg and Kt out first. Aqk (rows
-    # BT.. of its tile) goes out through the q half of pq_s's first block, which no product reads again.
+    # T = (I + L)^-1 by block doubling (chunk_prepare.py). Its tiles share in_g and in_q: every thread must
+    # have copied Qg and Kt out first. Aqk (rows BT.. of its tile) goes out through the q half of pq_s's first
+    # block, which no product reads again.
     tma.store_wait(0)                                # the copies have read Qg and Kt
     _cta_barrier()
     aq_s = _view(pq_s, gl.bfloat16, [2 * NKB, 2 * BT, BT], sw_t).index(1)
