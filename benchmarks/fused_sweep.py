@@ -1,0 +1,132 @@
+"""The fused kernel against the two stages over packed shapes: the data behind kernels.fused_by_rule.
+
+    python benchmarks/fused_sweep.py [--shapes H32x8x1024,...] [--repeats 40] [--rounds 3] [--json PATH]
+
+A shape is H heads × N packed sequences × L tokens each. For each one, both routes run through fastkda.fwd:
+the fused kernel (kernels.FUSED = True) and the two stages (FUSED = False). Their outputs and final states are
+compared bitwise first (the fused kernel is written to equal the two stages exactly), then both are timed in
+interleaved rounds (CUDA events, the mean of the rounds' medians). Each row says what fused_by_rule picks and
+which route was faster, so that a rule picking the slower route shows at once. A diagnosis, not a record:
+records come from `python -m fastkda.bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import statistics
+from typing import List, Sequence, Tuple
+
+import torch
+
+import fastkda
+from fastkda import kernels
+from fastkda.bench.tasks import Task, make_inputs
+from fastkda.bench.timing import time_cuda
+
+# (H, N, L): around the rule's bounds (programs N·H against 2.5 per SM, tokens per sequence against 256), plus
+# the shapes of session 17's sweep (docs/perf-notes.md).
+DEFAULT_SHAPES = (
+    (16, 8, 1024), (32, 8, 1024), (48, 8, 1024), (64, 8, 1024), (96, 8, 1024), (128, 8, 1024), (32, 16, 1024),
+    (32, 64, 256), (32, 256, 64), (64, 16, 128), (16, 32, 512), (8, 16, 4096), (8, 64, 2048), (32, 4, 2048),
+    (64, 2, 4096), (64, 3, 2048), (48, 4, 2048), (64, 4, 2048), (80, 4, 1024), (96, 2, 2048), (96, 4, 1024),
+)
+
+_SHAPE = re.compile(r"H(\d+)x(\d+)x(\d+)")
+
+
+def parse_shape(text: str) -> Tuple[int, int, int]:
+    """'H32x8x1024' -> (32, 8, 1024): heads, packed sequences, tokens per sequence (all positive)."""
+    m = _SHAPE.fullmatch(text.strip())
+    if not m or min(int(x) for x in m.groups()) < 1:
+        raise ValueError(f"shape: expected H<heads>x<sequences>x<tokens> with positive numbers, got {text!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def verdict(H: int, N: int, L: int, fused_ms: float, two_stage_ms: float, sm_count: int) -> dict:
+    """What the rule picks for the shape, which route was faster, and whether they agree."""
+    rule = kernels.fused_by_rule(N, H, N * L, sm_count)
+    faster = "fused" if fused_ms < two_stage_ms else "two stages"
+    return {"programs": N * H, "programs_per_sm": N * H / sm_count, "rule_picks": "fused" if rule else "two stages",
+            "faster": faster, "rule_right": (faster == "fused") == rule,
+            "fused_vs_two_stages": fused_ms / two_stage_ms - 1}
+
+
+@contextlib.contextmanager
+def _route(fused: bool):
+    before = kernels.FUSED
+    kernels.FUSED = fused
+    try:
+        yield
+    finally:
+        kernels.FUSED = before
+
+
+def measure(H: int, N: int, L: int, *, repeats: int, rounds: int, seed: int) -> dict:
+    """One shape: bitwise comparison of the two routes, then interleaved timings (CUDA)."""
+    task = Task(f"H{H}x{N}x{L}", H, (L,) * N)
+    x = make_inputs(task, "cuda", seed=seed)
+    outs = {r: (torch.empty_like(x.v), torch.empty_like(x.initial_state)) for r in (True, False)}
+
+    def call(fused: bool):
+        out, final = outs[fused]
+        with _route(fused):
+            fastkda.fwd(x.q, x.k, x.v, x.g, x.beta, task.scale, out, x.A_log, x.dt_bias, task.lower_bound,
+                        x.initial_state, final, x.cu_seqlens)
+
+    if not kernels.fused_applies(x.q, x.k, x.g, x.v, x.A_log, x.dt_bias, True, True, True):
+        raise SystemExit("fused_sweep: the fused kernel does not apply on this GPU (it needs Hopper and Gluon)")
+    call(True)
+    call(False)
+    torch.cuda.synchronize()
+    equal = all(torch.equal(a, b) for a, b in zip(outs[True], outs[False]))
+    times = {True: [], False: []}
+    for _ in range(rounds):
+        for fused in (True, False):
+            times[fused].append(time_cuda(lambda: call(fused), warmup=5, repeats=repeats, rounds=1).median_ms)
+    fused_ms, two_ms = statistics.mean(times[True]), statistics.mean(times[False])
+    sm_count = torch.cuda.get_device_properties(x.v.device).multi_processor_count
+    return dict(shape=task.name, H=H, N=N, L=L, bitwise_equal=equal, fused_ms=fused_ms, two_stages_ms=two_ms,
+                fused_rounds=times[True], two_stages_rounds=times[False],
+                **verdict(H, N, L, fused_ms, two_ms, sm_count))
+
+
+def run(shapes: Sequence[Tuple[int, int, int]], *, repeats: int = 40, rounds: int = 3, log=print) -> List[dict]:
+    if not torch.cuda.is_available():
+        raise SystemExit("fused_sweep: needs a CUDA GPU (the fused kernel is Hopper-only)")
+    rows = []
+    for i, (H, N, L) in enumerate(shapes):
+        r = measure(H, N, L, repeats=repeats, rounds=rounds, seed=100 + i)
+        rows.append(r)
+        log(f"{r['shape']:<14} {r['programs']:5d} programs  fused {r['fused_ms']:.3f}  two stages "
+            f"{r['two_stages_ms']:.3f} ms ({r['fused_vs_two_stages']:+.1%})  rule: {r['rule_picks']:<10}"
+            f"{'' if r['rule_right'] else '  <- the slower route'}"
+            f"{'' if r['bitwise_equal'] else '  NOT BITWISE EQUAL'}")
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=None, help="comma-separated H<heads>x<sequences>x<tokens> (default: a "
+                                                   "sweep around the rule's bounds)")
+    ap.add_argument("--repeats", type=int, default=40, help="timed calls per round and route")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    shapes = [parse_shape(s) for s in args.shapes.split(",")] if args.shapes else list(DEFAULT_SHAPES)
+    rows = run(shapes, repeats=args.repeats, rounds=args.rounds)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"what": "fused kernel against the two stages (benchmarks/fused_sweep.py)",
+                       "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    wrong = [r["shape"] for r in rows if not r["rule_right"]]
+    print(f"the rule picks the slower route on {len(wrong)} of {len(rows)} shapes"
+          + (f": {', '.join(wrong)}" if wrong else ""))
+    if not all(r["bitwise_equal"] for r in rows):
+        raise SystemExit("fused_sweep: the routes differ on some shape (see the rows)")
+
+
+if __name__ == "__main__":
+    main()
