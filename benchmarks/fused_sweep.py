@@ -1,8 +1,11 @@
 """The fused kernel against the two stages over packed shapes: the data behind kernels.fused_by_rule.
 
-    python benchmarks/fused_sweep.py [--shapes H32x8x1024,...] [--repeats 40] [--rounds 3] [--json PATH]
+    python benchmarks/fused_sweep.py [--shapes H32x8x1024,H4x1x8192+32x300,...] [--repeats 40] [--rounds 3]
+                                     [--json PATH]
 
-A shape is H heads × N packed sequences × L tokens each. For each one, both routes run through fastkda.fwd:
+A shape is H heads × N packed sequences × L tokens each (H32x8x1024), or several such groups packed in turn
+(H4x1x8192+32x300: one sequence of 8,192 tokens, then 32 of 300; the rule sees only the average length, so
+such mixes show where it cannot tell). For each one, both routes run through fastkda.fwd:
 the fused kernel (kernels.FUSED = True) and the two stages (FUSED = False). Their outputs and final states are
 compared bitwise first (the fused kernel is written to equal the two stages exactly), then both are timed in
 interleaved rounds (CUDA events, the mean of the rounds' medians). Each row says what fused_by_rule picks and
@@ -26,28 +29,35 @@ from fastkda import kernels
 from fastkda.bench.tasks import Task, make_inputs
 from fastkda.bench.timing import time_cuda
 
-# (H, N, L): around the rule's bounds (programs N·H against 2.5 per SM, tokens per sequence against 256), plus
-# the shapes of session 17's sweep (docs/perf-notes.md).
+# Around the rule's bounds (kernels.fused_by_rule: the last wave's fill, one wave's share of the SMs, sequence
+# lengths against 256 and 4,096 tokens; 132 SMs) and the shapes of sessions 17 and 19 (docs/perf-notes.md).
 DEFAULT_SHAPES = (
-    (16, 8, 1024), (32, 8, 1024), (48, 8, 1024), (64, 8, 1024), (96, 8, 1024), (128, 8, 1024), (32, 16, 1024),
-    (32, 64, 256), (32, 256, 64), (64, 16, 128), (16, 32, 512), (8, 16, 4096), (8, 64, 2048), (32, 4, 2048),
-    (64, 2, 4096), (64, 3, 2048), (48, 4, 2048), (64, 4, 2048), (80, 4, 1024), (96, 2, 2048), (96, 4, 1024),
+    "H16x8x1024", "H32x8x1024", "H64x8x1024", "H96x8x1024", "H128x8x1024", "H32x64x256", "H32x256x64",
+    "H64x16x128", "H8x16x4096", "H64x2x4096", "H128x1x8192", "H112x1x8192", "H96x1x8192", "H64x1x4096",
+    "H56x1x4096", "H96x1x1024", "H70x2x2048", "H90x2x2048", "H96x2x2048", "H100x2x2048", "H90x3x1024",
+    "H75x4x1024", "H4x1x8192+32x300", "H32x1x8192+64x64",
 )
 
-_SHAPE = re.compile(r"H(\d+)x(\d+)x(\d+)")
+_GROUP = re.compile(r"(\d+)x(\d+)")
 
 
-def parse_shape(text: str) -> Tuple[int, int, int]:
-    """'H32x8x1024' -> (32, 8, 1024): heads, packed sequences, tokens per sequence (all positive)."""
-    m = _SHAPE.fullmatch(text.strip())
-    if not m or min(int(x) for x in m.groups()) < 1:
-        raise ValueError(f"shape: expected H<heads>x<sequences>x<tokens> with positive numbers, got {text!r}")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+def parse_shape(text: str) -> Tuple[int, Tuple[int, ...]]:
+    """'H32x8x1024' -> (32, (1024,) * 8); 'H4x1x8192+2x300' -> (4, (8192, 300, 300)): heads and the packed
+    sequences' lengths (all positive)."""
+    t = text.strip()
+    head, _, rest = t.partition("x")
+    groups = [_GROUP.fullmatch(g) for g in rest.split("+")]
+    if not (head[:1] == "H" and head[1:].isdigit() and int(head[1:]) > 0 and all(groups)
+            and all(int(x) > 0 for g in groups for x in g.groups())):
+        raise ValueError(f"shape: expected H<heads>x<sequences>x<tokens>[+<sequences>x<tokens>...] with positive "
+                         f"numbers, got {text!r}")
+    return int(head[1:]), tuple(int(g.group(2)) for g in groups for _ in range(int(g.group(1))))
 
 
-def verdict(H: int, N: int, L: int, fused_ms: float, two_stage_ms: float, sm_count: int) -> dict:
+def verdict(H: int, lens: Sequence[int], fused_ms: float, two_stage_ms: float, sm_count: int) -> dict:
     """What the rule picks for the shape, which route was faster, and whether they agree."""
-    rule = kernels.fused_by_rule(N, H, N * L, sm_count)
+    N = len(lens)
+    rule = kernels.fused_by_rule(N, H, sum(lens), sm_count)
     faster = "fused" if fused_ms < two_stage_ms else "two stages"
     return {"programs": N * H, "programs_per_sm": N * H / sm_count, "rule_picks": "fused" if rule else "two stages",
             "faster": faster, "rule_right": (faster == "fused") == rule,
@@ -64,9 +74,10 @@ def _route(fused: bool):
         kernels.FUSED = before
 
 
-def measure(H: int, N: int, L: int, *, repeats: int, rounds: int, seed: int) -> dict:
+def measure(name: str, *, repeats: int, rounds: int, seed: int) -> dict:
     """One shape: bitwise comparison of the two routes, then interleaved timings (CUDA)."""
-    task = Task(f"H{H}x{N}x{L}", H, (L,) * N)
+    H, lens = parse_shape(name)
+    task = Task(name.strip(), H, lens)
     x = make_inputs(task, "cuda", seed=seed)
     outs = {r: (torch.empty_like(x.v), torch.empty_like(x.initial_state)) for r in (True, False)}
 
@@ -88,19 +99,21 @@ def measure(H: int, N: int, L: int, *, repeats: int, rounds: int, seed: int) -> 
             times[fused].append(time_cuda(lambda: call(fused), warmup=5, repeats=repeats, rounds=1).median_ms)
     fused_ms, two_ms = statistics.mean(times[True]), statistics.mean(times[False])
     sm_count = torch.cuda.get_device_properties(x.v.device).multi_processor_count
-    return dict(shape=task.name, H=H, N=N, L=L, bitwise_equal=equal, fused_ms=fused_ms, two_stages_ms=two_ms,
-                fused_rounds=times[True], two_stages_rounds=times[False],
-                **verdict(H, N, L, fused_ms, two_ms, sm_count))
+    return dict(shape=task.name, H=H, N=len(lens), tokens=sum(lens), longest=max(lens), bitwise_equal=equal,
+                fused_ms=fused_ms, two_stages_ms=two_ms, fused_rounds=times[True], two_stages_rounds=times[False],
+                **verdict(H, lens, fused_ms, two_ms, sm_count))
 
 
-def run(shapes: Sequence[Tuple[int, int, int]], *, repeats: int = 40, rounds: int = 3, log=print) -> List[dict]:
+def run(shapes: Sequence[str], *, repeats: int = 40, rounds: int = 3, log=print) -> List[dict]:
     if not torch.cuda.is_available():
         raise SystemExit("fused_sweep: needs a CUDA GPU (the fused kernel is Hopper-only)")
+    for name in shapes:
+        parse_shape(name)                            # every shape is well-formed before the first run
     rows = []
-    for i, (H, N, L) in enumerate(shapes):
-        r = measure(H, N, L, repeats=repeats, rounds=rounds, seed=100 + i)
+    for i, name in enumerate(shapes):
+        r = measure(name, repeats=repeats, rounds=rounds, seed=100 + i)
         rows.append(r)
-        log(f"{r['shape']:<14} {r['programs']:5d} programs  fused {r['fused_ms']:.3f}  two stages "
+        log(f"{r['shape']:<18} {r['programs']:5d} programs  fused {r['fused_ms']:.3f}  two stages "
             f"{r['two_stages_ms']:.3f} ms ({r['fused_vs_two_stages']:+.1%})  rule: {r['rule_picks']:<10}"
             f"{'' if r['rule_right'] else '  <- the slower route'}"
             f"{'' if r['bitwise_equal'] else '  NOT BITWISE EQUAL'}")
@@ -109,13 +122,13 @@ def run(shapes: Sequence[Tuple[int, int, int]], *, repeats: int = 40, rounds: in
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=None, help="comma-separated H<heads>x<sequences>x<tokens> (default: a "
-                                                   "sweep around the rule's bounds)")
+    ap.add_argument("--shapes", default=None, help="comma-separated H<heads>x<sequences>x<tokens>, groups joined "
+                                                   "by + (default: a sweep around the rule's bounds)")
     ap.add_argument("--repeats", type=int, default=40, help="timed calls per round and route")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    shapes = [parse_shape(s) for s in args.shapes.split(",")] if args.shapes else list(DEFAULT_SHAPES)
+    shapes = args.shapes.split(",") if args.shapes else list(DEFAULT_SHAPES)
     rows = run(shapes, repeats=args.repeats, rounds=args.rounds)
     if args.json:
         with open(args.json, "w") as f:

@@ -15,12 +15,15 @@ def _tool():
 
 def test_shapes_parse_and_bad_ones_are_refused():
     tool = _tool()
-    assert tool.parse_shape("H32x8x1024") == (32, 8, 1024)
-    assert tool.parse_shape(" H96x2x2048 ") == (96, 2, 2048)
-    for bad in ("32x8x1024", "H32x8", "H0x8x1024", "H32x8x1024x2", "Hax8x1024"):
+    assert tool.parse_shape("H32x8x1024") == (32, (1024,) * 8)
+    assert tool.parse_shape(" H96x2x2048 ") == (96, (2048, 2048))
+    assert tool.parse_shape("H4x1x8192+2x300") == (4, (8192, 300, 300))
+    for bad in ("32x8x1024", "H32x8", "H0x8x1024", "H32x8x1024x2", "Hax8x1024", "H4x1x8192+", "H4x0x64",
+                "H4x1x8192+2x0"):
         with pytest.raises(ValueError, match="shape: expected H<heads>x<sequences>x<tokens>"):
             tool.parse_shape(bad)
-    assert all(min(s) >= 1 for s in tool.DEFAULT_SHAPES)
+    for shape in tool.DEFAULT_SHAPES:
+        tool.parse_shape(shape)
 
 
 def test_the_verdict_compares_the_rule_with_the_faster_route():
@@ -28,26 +31,28 @@ def test_the_verdict_compares_the_rule_with_the_faster_route():
     sm = 132
     # 512 programs of 1,024 tokens: the rule picks the fused kernel
     assert kernels.fused_by_rule(8, 64, 8 * 1024, sm)
-    right = tool.verdict(64, 8, 1024, fused_ms=0.40, two_stage_ms=0.45, sm_count=sm)
+    right = tool.verdict(64, (1024,) * 8, fused_ms=0.40, two_stage_ms=0.45, sm_count=sm)
     assert right["rule_picks"] == "fused" and right["faster"] == "fused" and right["rule_right"]
     assert right["programs"] == 512 and right["fused_vs_two_stages"] == pytest.approx(0.40 / 0.45 - 1)
-    wrong = tool.verdict(64, 8, 1024, fused_ms=0.50, two_stage_ms=0.45, sm_count=sm)
+    wrong = tool.verdict(64, (1024,) * 8, fused_ms=0.50, two_stage_ms=0.45, sm_count=sm)
     assert wrong["faster"] == "two stages" and not wrong["rule_right"]
-    # 128 programs: below 2.5 per SM, the rule keeps the two stages
-    assert not kernels.fused_by_rule(8, 16, 8 * 1024, sm)
-    missed = tool.verdict(16, 8, 1024, fused_ms=0.20, two_stage_ms=0.25, sm_count=sm)
+    # 140 programs: a second wave 0.06 full, the rule keeps the two stages
+    assert not kernels.fused_by_rule(2, 70, 2 * 2048, sm)
+    missed = tool.verdict(70, (2048, 2048), fused_ms=0.20, two_stage_ms=0.25, sm_count=sm)
     assert missed["rule_picks"] == "two stages" and not missed["rule_right"]
-    assert tool.verdict(16, 8, 1024, fused_ms=0.30, two_stage_ms=0.25, sm_count=sm)["rule_right"]
+    assert tool.verdict(70, (2048, 2048), fused_ms=0.30, two_stage_ms=0.25, sm_count=sm)["rule_right"]
+    # a mix is judged by its average length: one sequence of 8,192 among 32 of 300 (528 on average)
+    assert tool.verdict(4, (8192,) + (300,) * 32, fused_ms=0.3, two_stage_ms=0.2, sm_count=sm)["rule_picks"] == "fused"
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal without a GPU")
 def test_without_a_gpu_the_sweep_refuses_clearly():
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        _tool().run([(8, 2, 64)])
+        _tool().run(["H8x2x64"])
 
 
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the fused kernel is Hopper's")
 def test_both_routes_agree_bitwise_and_are_timed():
-    row = _tool().measure(16, 24, 100, repeats=3, rounds=1, seed=0)
-    assert row["bitwise_equal"]
+    row = _tool().measure("H16x24x100+3x40", repeats=3, rounds=1, seed=0)
+    assert row["bitwise_equal"] and row["N"] == 27 and row["tokens"] == 24 * 100 + 3 * 40
     assert row["fused_ms"] > 0 and row["two_stages_ms"] > 0 and len(row["fused_rounds"]) == 1
