@@ -1,14 +1,16 @@
 """The fused kernel against the two stages over packed shapes: the data behind kernels.fused_by_rule.
 
-    python benchmarks/fused_sweep.py [--shapes H32x8x1024,H4x1x8192+32x300,...] [--repeats 40] [--rounds 3]
-                                     [--json PATH]
+    python benchmarks/fused_sweep.py [--shapes H32x8x1024,H4x1x8192+32x300,H64xB2x4096,...] [--graph]
+                                     [--repeats 40] [--rounds 3] [--json PATH]
 
 A shape is H heads × N packed sequences × L tokens each (H32x8x1024), or several such groups packed in turn
 (H4x1x8192+32x300: one sequence of 8,192 tokens, then 32 of 300; the rule sees only the average length, so
-such mixes show where it cannot tell). For each one, both routes run through fastkda.fwd:
+such mixes show where it cannot tell), or a fixed-length batch of B sequences of T tokens, no cu_seqlens
+(H64xB2x4096). For each one, both routes run through fastkda.fwd:
 the fused kernel (kernels.FUSED = True) and the two stages (FUSED = False). Their outputs and final states are
 compared bitwise first (the fused kernel is written to equal the two stages exactly), then both are timed in
-interleaved rounds (CUDA events, the mean of the rounds' medians). Each row says what fused_by_rule picks and
+interleaved rounds (CUDA events, the mean of the rounds' medians; with --graph each call is replayed from a
+CUDA graph, so that the GPU's time is measured, not a slow host's). Each row says what fused_by_rule picks and
 which route was faster, so that a rule picking the slower route shows at once. A diagnosis, not a record:
 records come from `python -m fastkda.bench`.
 """
@@ -27,37 +29,41 @@ import torch
 import fastkda
 from fastkda import kernels
 from fastkda.bench.tasks import Task, make_inputs
-from fastkda.bench.timing import time_cuda
+from fastkda.bench.timing import time_cuda, time_cuda_graph
 
-# Around the rule's bounds (kernels.fused_by_rule: the last wave's fill, one wave's share of the SMs, sequence
-# lengths against 256 and 4,096 tokens; 132 SMs) and the shapes of sessions 17 and 19 (docs/perf-notes.md).
+# Around the rule's bounds (kernels.fused_by_rule, 132 SMs): fixed-length, the last wave's fill and one wave's
+# share of the SMs against 4,096 and 8,192 tokens; packed, 2.5 programs per SM, 256 tokens on average, and one
+# long sequence among short ones (which the rule cannot see). Sessions 17 and 19 in docs/perf-notes.md.
 DEFAULT_SHAPES = (
-    "H16x8x1024", "H32x8x1024", "H64x8x1024", "H96x8x1024", "H128x8x1024", "H32x64x256", "H32x256x64",
-    "H64x16x128", "H8x16x4096", "H64x2x4096", "H128x1x8192", "H112x1x8192", "H96x1x8192", "H64x1x4096",
-    "H56x1x4096", "H96x1x1024", "H70x2x2048", "H90x2x2048", "H96x2x2048", "H100x2x2048", "H90x3x1024",
-    "H75x4x1024", "H4x1x8192+32x300", "H32x1x8192+64x64",
+    "H128xB1x8192", "H112xB1x8192", "H96xB1x8192", "H64xB1x8192", "H64xB1x4096", "H56xB1x4096", "H96xB1x1024",
+    "H32xB2x4096", "H70xB2x2048", "H90xB2x2048", "H96xB2x2048", "H100xB2x2048", "H64xB4x2048", "H90xB3x1024",
+    "H16xB8x1024",
+    "H16x8x1024", "H32x8x1024", "H40x8x1024", "H42x8x1024", "H64x8x1024", "H96x8x1024", "H32x64x256",
+    "H32x256x64", "H64x16x128", "H4x1x8192+32x300", "H4x1x8192+100x300", "H32x1x8192+64x64",
 )
 
 _GROUP = re.compile(r"(\d+)x(\d+)")
+_FIXED = re.compile(r"B(\d+)x(\d+)")
 
 
-def parse_shape(text: str) -> Tuple[int, Tuple[int, ...]]:
-    """'H32x8x1024' -> (32, (1024,) * 8); 'H4x1x8192+2x300' -> (4, (8192, 300, 300)): heads and the packed
-    sequences' lengths (all positive)."""
+def parse_shape(text: str) -> Tuple[int, Tuple[int, ...], bool]:
+    """'H32x8x1024' -> (32, (1024,) * 8, False); 'H4x1x8192+2x300' -> (4, (8192, 300, 300), False);
+    'H64xB2x4096' -> (64, (4096, 4096), True): heads, the sequences' lengths (all positive), fixed-length."""
     t = text.strip()
     head, _, rest = t.partition("x")
-    groups = [_GROUP.fullmatch(g) for g in rest.split("+")]
+    fixed = _FIXED.fullmatch(rest)
+    groups = [fixed] if fixed else [_GROUP.fullmatch(g) for g in rest.split("+")]
     if not (head[:1] == "H" and head[1:].isdigit() and int(head[1:]) > 0 and all(groups)
             and all(int(x) > 0 for g in groups for x in g.groups())):
-        raise ValueError(f"shape: expected H<heads>x<sequences>x<tokens>[+<sequences>x<tokens>...] with positive "
-                         f"numbers, got {text!r}")
-    return int(head[1:]), tuple(int(g.group(2)) for g in groups for _ in range(int(g.group(1))))
+        raise ValueError(f"shape: expected H<heads>x<sequences>x<tokens>[+<sequences>x<tokens>...] or "
+                         f"H<heads>xB<batch>x<tokens> with positive numbers, got {text!r}")
+    return int(head[1:]), tuple(int(g.group(2)) for g in groups for _ in range(int(g.group(1)))), bool(fixed)
 
 
-def verdict(H: int, lens: Sequence[int], fused_ms: float, two_stage_ms: float, sm_count: int) -> dict:
+def verdict(H: int, lens: Sequence[int], fixed: bool, fused_ms: float, two_stage_ms: float, sm_count: int) -> dict:
     """What the rule picks for the shape, which route was faster, and whether they agree."""
     N = len(lens)
-    rule = kernels.fused_by_rule(N, H, sum(lens), sm_count)
+    rule = kernels.fused_by_rule(N, H, sum(lens), sm_count, packed=not fixed)
     faster = "fused" if fused_ms < two_stage_ms else "two stages"
     return {"programs": N * H, "programs_per_sm": N * H / sm_count, "rule_picks": "fused" if rule else "two stages",
             "faster": faster, "rule_right": (faster == "fused") == rule,
@@ -74,20 +80,25 @@ def _route(fused: bool):
         kernels.FUSED = before
 
 
-def measure(name: str, *, repeats: int, rounds: int, seed: int) -> dict:
+def measure(name: str, *, repeats: int, rounds: int, seed: int, graph: bool = False) -> dict:
     """One shape: bitwise comparison of the two routes, then interleaved timings (CUDA)."""
-    H, lens = parse_shape(name)
+    H, lens, fixed = parse_shape(name)
     task = Task(name.strip(), H, lens)
     x = make_inputs(task, "cuda", seed=seed)
-    outs = {r: (torch.empty_like(x.v), torch.empty_like(x.initial_state)) for r in (True, False)}
+    q, k, v, g, beta, cu = x.q, x.k, x.v, x.g, x.beta, x.cu_seqlens
+    if fixed:                                        # the same tokens as a batch of equal sequences
+        B, T = len(lens), lens[0]
+        q, k, v, g, beta = (t.view(B, T, *t.shape[2:]) for t in (q, k, v, g, beta))
+        cu = None
+    outs = {r: (torch.empty_like(v), torch.empty_like(x.initial_state)) for r in (True, False)}
 
     def call(fused: bool):
         out, final = outs[fused]
         with _route(fused):
-            fastkda.fwd(x.q, x.k, x.v, x.g, x.beta, task.scale, out, x.A_log, x.dt_bias, task.lower_bound,
-                        x.initial_state, final, x.cu_seqlens)
+            fastkda.fwd(q, k, v, g, beta, task.scale, out, x.A_log, x.dt_bias, task.lower_bound, x.initial_state,
+                        final, cu)
 
-    if not kernels.fused_applies(x.q, x.k, x.g, x.v, x.A_log, x.dt_bias, True, True, True):
+    if not kernels.fused_applies(q, k, g, v, x.A_log, x.dt_bias, True, True, True):
         raise SystemExit("fused_sweep: the fused kernel does not apply on this GPU (it needs Hopper and Gluon)")
     call(True)
     call(False)
@@ -96,22 +107,25 @@ def measure(name: str, *, repeats: int, rounds: int, seed: int) -> dict:
     times = {True: [], False: []}
     for _ in range(rounds):
         for fused in (True, False):
-            times[fused].append(time_cuda(lambda: call(fused), warmup=5, repeats=repeats, rounds=1).median_ms)
+            timer = time_cuda_graph if graph else time_cuda
+            times[fused].append(timer(lambda: call(fused), warmup=5, repeats=repeats, rounds=1).median_ms)
     fused_ms, two_ms = statistics.mean(times[True]), statistics.mean(times[False])
-    sm_count = torch.cuda.get_device_properties(x.v.device).multi_processor_count
-    return dict(shape=task.name, H=H, N=len(lens), tokens=sum(lens), longest=max(lens), bitwise_equal=equal,
-                fused_ms=fused_ms, two_stages_ms=two_ms, fused_rounds=times[True], two_stages_rounds=times[False],
-                **verdict(H, lens, fused_ms, two_ms, sm_count))
+    sm_count = torch.cuda.get_device_properties(v.device).multi_processor_count
+    return dict(shape=task.name, H=H, N=len(lens), tokens=sum(lens), longest=max(lens), fixed_length=fixed,
+                timing="graph" if graph else "eager", bitwise_equal=equal, fused_ms=fused_ms, two_stages_ms=two_ms,
+                fused_rounds=times[True], two_stages_rounds=times[False],
+                **verdict(H, lens, fixed, fused_ms, two_ms, sm_count))
 
 
-def run(shapes: Sequence[str], *, repeats: int = 40, rounds: int = 3, log=print) -> List[dict]:
+def run(shapes: Sequence[str], *, repeats: int = 40, rounds: int = 3, graph: bool = False,
+        log=print) -> List[dict]:
     if not torch.cuda.is_available():
         raise SystemExit("fused_sweep: needs a CUDA GPU (the fused kernel is Hopper-only)")
     for name in shapes:
         parse_shape(name)                            # every shape is well-formed before the first run
     rows = []
     for i, name in enumerate(shapes):
-        r = measure(name, repeats=repeats, rounds=rounds, seed=100 + i)
+        r = measure(name, repeats=repeats, rounds=rounds, seed=100 + i, graph=graph)
         rows.append(r)
         log(f"{r['shape']:<18} {r['programs']:5d} programs  fused {r['fused_ms']:.3f}  two stages "
             f"{r['two_stages_ms']:.3f} ms ({r['fused_vs_two_stages']:+.1%})  rule: {r['rule_picks']:<10}"
@@ -124,12 +138,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=None, help="comma-separated H<heads>x<sequences>x<tokens>, groups joined "
                                                    "by + (default: a sweep around the rule's bounds)")
+    ap.add_argument("--graph", action="store_true", help="time CUDA graph replays (the GPU's time alone)")
     ap.add_argument("--repeats", type=int, default=40, help="timed calls per round and route")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     shapes = args.shapes.split(",") if args.shapes else list(DEFAULT_SHAPES)
-    rows = run(shapes, repeats=args.repeats, rounds=args.rounds)
+    rows = run(shapes, repeats=args.repeats, rounds=args.rounds, graph=args.graph)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"what": "fused kernel against the two stages (benchmarks/fused_sweep.py)",

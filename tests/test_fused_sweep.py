@@ -15,11 +15,12 @@ def _tool():
 
 def test_shapes_parse_and_bad_ones_are_refused():
     tool = _tool()
-    assert tool.parse_shape("H32x8x1024") == (32, (1024,) * 8)
-    assert tool.parse_shape(" H96x2x2048 ") == (96, (2048, 2048))
-    assert tool.parse_shape("H4x1x8192+2x300") == (4, (8192, 300, 300))
+    assert tool.parse_shape("H32x8x1024") == (32, (1024,) * 8, False)
+    assert tool.parse_shape(" H96x2x2048 ") == (96, (2048, 2048), False)
+    assert tool.parse_shape("H4x1x8192+2x300") == (4, (8192, 300, 300), False)
+    assert tool.parse_shape("H64xB2x4096") == (64, (4096, 4096), True)
     for bad in ("32x8x1024", "H32x8", "H0x8x1024", "H32x8x1024x2", "Hax8x1024", "H4x1x8192+", "H4x0x64",
-                "H4x1x8192+2x0"):
+                "H4x1x8192+2x0", "H64xB2x4096+1x5", "H64xB0x4096"):
         with pytest.raises(ValueError, match="shape: expected H<heads>x<sequences>x<tokens>"):
             tool.parse_shape(bad)
     for shape in tool.DEFAULT_SHAPES:
@@ -30,19 +31,21 @@ def test_the_verdict_compares_the_rule_with_the_faster_route():
     tool = _tool()
     sm = 132
     # 512 programs of 1,024 tokens: the rule picks the fused kernel
-    assert kernels.fused_by_rule(8, 64, 8 * 1024, sm)
-    right = tool.verdict(64, (1024,) * 8, fused_ms=0.40, two_stage_ms=0.45, sm_count=sm)
+    assert kernels.fused_by_rule(8, 64, 8 * 1024, sm, packed=True)
+    right = tool.verdict(64, (1024,) * 8, False, fused_ms=0.40, two_stage_ms=0.45, sm_count=sm)
     assert right["rule_picks"] == "fused" and right["faster"] == "fused" and right["rule_right"]
     assert right["programs"] == 512 and right["fused_vs_two_stages"] == pytest.approx(0.40 / 0.45 - 1)
-    wrong = tool.verdict(64, (1024,) * 8, fused_ms=0.50, two_stage_ms=0.45, sm_count=sm)
+    wrong = tool.verdict(64, (1024,) * 8, False, fused_ms=0.50, two_stage_ms=0.45, sm_count=sm)
     assert wrong["faster"] == "two stages" and not wrong["rule_right"]
-    # 140 programs: a second wave 0.06 full, the rule keeps the two stages
-    assert not kernels.fused_by_rule(2, 70, 2 * 2048, sm)
-    missed = tool.verdict(70, (2048, 2048), fused_ms=0.20, two_stage_ms=0.25, sm_count=sm)
+    # fixed-length, 140 programs: a second wave 0.06 full, the rule keeps the two stages
+    assert not kernels.fused_by_rule(2, 70, 2 * 2048, sm, packed=False)
+    missed = tool.verdict(70, (2048, 2048), True, fused_ms=0.20, two_stage_ms=0.25, sm_count=sm)
     assert missed["rule_picks"] == "two stages" and not missed["rule_right"]
-    assert tool.verdict(70, (2048, 2048), fused_ms=0.30, two_stage_ms=0.25, sm_count=sm)["rule_right"]
-    # a mix is judged by its average length: one sequence of 8,192 among 32 of 300 (528 on average)
-    assert tool.verdict(4, (8192,) + (300,) * 32, fused_ms=0.3, two_stage_ms=0.2, sm_count=sm)["rule_picks"] == "fused"
+    assert tool.verdict(70, (2048, 2048), True, fused_ms=0.30, two_stage_ms=0.25, sm_count=sm)["rule_right"]
+    # ... 128 programs fill one wave: fused; packed, the same 128 programs keep the two stages
+    assert tool.verdict(64, (2048, 2048), True, fused_ms=0.2, two_stage_ms=0.3, sm_count=sm)["rule_picks"] == "fused"
+    assert tool.verdict(64, (2048, 2048), False, fused_ms=0.2, two_stage_ms=0.3,
+                        sm_count=sm)["rule_picks"] == "two stages"
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal without a GPU")
@@ -53,6 +56,10 @@ def test_without_a_gpu_the_sweep_refuses_clearly():
 
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability()[0] != 9, reason="the fused kernel is Hopper's")
 def test_both_routes_agree_bitwise_and_are_timed():
-    row = _tool().measure("H16x24x100+3x40", repeats=3, rounds=1, seed=0)
+    tool = _tool()
+    row = tool.measure("H16x24x100+3x40", repeats=3, rounds=1, seed=0)
     assert row["bitwise_equal"] and row["N"] == 27 and row["tokens"] == 24 * 100 + 3 * 40
+    assert row["fused_ms"] > 0 and row["two_stages_ms"] > 0 and len(row["fused_rounds"]) == 1
+    row = tool.measure("H4xB3x100", repeats=3, rounds=1, seed=0, graph=True)
+    assert row["bitwise_equal"] and row["fixed_length"] and row["timing"] == "graph"
     assert row["fused_ms"] > 0 and row["two_stages_ms"] > 0 and len(row["fused_rounds"]) == 1

@@ -527,34 +527,38 @@ def test_fused_kernel_applies_to_the_production_path_only(monkeypatch):
 
 
 def test_fused_kernel_by_rule(monkeypatch):
-    # The fused kernel's time is its waves of (sequence, head) programs times one sequence's chunks: it runs
-    # where those waves fill the SMs (the last of several at least FUSED_MIN_WAVE_FILL full; one wave on
-    # FUSED_FULL_WAVE of the SMs, or on FUSED_MIN_SM_SHARE of them with sequences of at most
-    # FUSED_MAX_TOKENS_PART_WAVE tokens) and sequences are FUSED_MIN_TOKENS long or more on average.
+    # Sequences of FUSED_MIN_TOKENS or more on average, then: packed, FUSED_MIN_PROGRAMS_PER_SM (sequence, head)
+    # programs per SM (the rule cannot see one long sequence among short ones); fixed-length, waves of programs
+    # that fill the SMs (the last of several at least FUSED_MIN_WAVE_FILL full; one wave on FUSED_FULL_WAVE of
+    # the SMs, or on FUSED_MIN_SM_SHARE of them with sequences of at most FUSED_MAX_TOKENS_PART_WAVE tokens).
     from fastkda import kernels
-    rule = lambda N, HV, T_total: kernels.fused_by_rule(N, HV, T_total, 132)
-    mixed = 1300 + 547 + 2048 + 963 + 271 + 3063
-    assert rule(8, 64, 8192) and rule(8, 96, 8192)           # 8 x 1,024 tokens: 512 and 768 programs
-    assert rule(6, 64, mixed) and rule(6, 96, mixed)         # six mixed lengths: 384 and 576 programs
-    assert not rule(1, 64, 8192) and not rule(1, 96, 8192)   # one sequence of 8,192: 64 and 96 programs
-    assert rule(1, 128, 8192) and not rule(1, 112, 8192)     # ... 128 programs fill the wave, 112 do not
-    assert rule(1, 96, 1024) and rule(2, 32, 8192)           # part of a wave, sequences of 1,024 or 4,096
-    assert not rule(2, 29, 8192)                             # 58 programs: under 0.45 of the SMs
-    assert rule(2, 96, 4096) and not rule(2, 90, 4096)       # 192 programs: last wave 0.73 full; 180: 0.68
-    assert not rule(2, 70, 4096) and rule(2, 100, 4096)      # 140 programs: 0.53; 200: 0.76
-    assert not rule(256, 32, 256 * 64)                       # 8,192 programs of 64 tokens
-    assert not rule(65, 32, 64 * 64 + 8192)                  # one long sequence among short ones (avg 189)
-    # the bounds, exactly
     S = 132
+    packed = lambda N, HV, T_total: kernels.fused_by_rule(N, HV, T_total, S, packed=True)
+    fixed = lambda B, HV, T: kernels.fused_by_rule(B, HV, B * T, S, packed=False)
+    mixed = 1300 + 547 + 2048 + 963 + 271 + 3063
+    assert packed(8, 64, 8192) and packed(8, 96, 8192)       # 8 x 1,024 tokens: 512 and 768 programs
+    assert packed(6, 64, mixed) and packed(6, 96, mixed)     # six mixed lengths: 384 and 576 programs
+    assert not fixed(1, 64, 8192) and not fixed(1, 96, 8192)  # one sequence of 8,192: 64 and 96 programs
+    assert fixed(1, 128, 8192) and not fixed(1, 112, 8192)   # ... 128 programs fill the wave, 112 do not
+    assert fixed(1, 96, 1024) and fixed(2, 32, 4096)         # part of a wave, sequences of 1,024 or 4,096
+    assert not fixed(2, 29, 4096)                            # 58 programs: under 0.45 of the SMs
+    assert fixed(2, 96, 2048) and not fixed(2, 90, 2048)     # 192 programs: last wave 0.73 full; 180: 0.68
+    assert not fixed(2, 70, 2048) and fixed(2, 100, 2048)    # 140 programs: 0.53; 200: 0.76
+    assert not packed(2, 64, 4096) and not packed(8, 16, 8192)   # 128 packed programs: under 2.5 per SM
+    assert not packed(1 + 32, 4, 8192 + 32 * 300)            # one long sequence among short ones, 132 programs
+    assert not packed(256, 32, 256 * 64) and not fixed(256, 32, 64)   # 8,192 programs of 64 tokens
+    assert not packed(65, 32, 64 * 64 + 8192)                # one long sequence among 64 short (avg 189)
+    # the bounds, exactly
+    least = math.ceil(kernels.FUSED_MIN_PROGRAMS_PER_SM * S)
+    assert packed(least, 1, least * 256) and not packed(least - 1, 1, (least - 1) * 256)
+    assert not packed(least, 1, least * 256 - 1)
     full = math.ceil(kernels.FUSED_FULL_WAVE * S)
     part = math.ceil(kernels.FUSED_MIN_SM_SHARE * S)
-    long_seq = kernels.FUSED_MAX_TOKENS_PART_WAVE
-    assert rule(full, 1, full * (long_seq + 1)) and not rule(full - 1, 1, (full - 1) * (long_seq + 1))
-    assert rule(part, 1, part * long_seq) and not rule(part - 1, 1, (part - 1) * long_seq)
-    assert not rule(part, 1, part * long_seq + 1)
+    longest = kernels.FUSED_MAX_TOKENS_PART_WAVE
+    assert fixed(full, 1, longest + 1) and not fixed(full - 1, 1, longest + 1)
+    assert fixed(part, 1, longest) and not fixed(part - 1, 1, longest) and not fixed(part, 1, longest + 1)
     fill = math.ceil(kernels.FUSED_MIN_WAVE_FILL * 2 * S)    # two waves
-    assert rule(fill, 1, fill * 256) and not rule(fill - 1, 1, (fill - 1) * 256)
-    assert rule(S, 1, S * 256) and not rule(S, 1, S * 256 - 1)   # FUSED_MIN_TOKENS on average
+    assert fixed(fill, 1, 256) and not fixed(fill - 1, 1, 256) and not fixed(fill, 1, 255)
 
 
 def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
@@ -569,7 +573,7 @@ def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
         raise TwoStages
     taken = []
     monkeypatch.setattr(kernels, "fused_applies", lambda *args: True)
-    monkeypatch.setattr(kernels, "_sm_count", lambda device: 4)        # one wave: 4 programs, or 2 of short ones
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 4)        # packed: at least 10 programs
     monkeypatch.setattr(kernels, "run_fused", lambda *args, **kwargs: taken.append("fused"))
     monkeypatch.setattr(kernels, "_plan_chunks", two_stages)
 
@@ -586,16 +590,17 @@ def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
             return taken.pop()
         except TwoStages:
             return "two stages"
-    assert route(lens=[256] * 4) == "fused"                # one full wave
-    assert route(lens=[256] * 2) == "fused"                # half a wave of short sequences
-    assert route(lens=[256]) == "two stages"               # a quarter
-    assert route(lens=[5000, 5000]) == "two stages"        # half a wave of long ones
-    assert route(lens=[256] * 3, HV=2) == "fused"          # 6 programs: two waves, the last 0.75 full
-    assert route(lens=[256] * 5) == "two stages"           # 5: the last 0.625 full
-    assert route(lens=[300, 200, 269, 255]) == "fused"                # 256 tokens on average
-    assert route(lens=[300, 200, 268, 255]) == "two stages"           # just under
-    assert route(B=4, T=256) == "fused" and route(B=5, T=256) == "two stages"
+    assert route(lens=[256] * 10) == "fused"
+    assert route(lens=[256] * 9) == "two stages"          # 9 programs
+    assert route(lens=[256] * 5, HV=2) == "fused"          # 10 programs
+    assert route(lens=[300, 200, 255, 255, 270] * 2) == "fused"           # 256 tokens on average
+    assert route(lens=[300, 200, 255, 255, 269] * 2) == "two stages"      # just under
+    # fixed-length: one full wave, half a wave of short sequences, not of long ones, nor a quarter
+    assert route(B=4, T=256) == "fused" and route(B=2, T=4096) == "fused"
+    assert route(B=2, T=4097) == "two stages" and route(B=1, T=256) == "two stages"
+    assert route(B=3, T=256, HV=2) == "fused" and route(B=5, T=256) == "two stages"   # last wave 0.75 / 0.25 full
+    assert route(B=4, T=255) == "two stages"
     monkeypatch.setattr(kernels, "FUSED", True)
     assert route(lens=[1]) == "fused"
     monkeypatch.setattr(kernels, "FUSED", False)
-    assert route(lens=[256] * 4) == "two stages"
+    assert route(B=4, T=256) == "two stages" and route(lens=[256] * 10) == "two stages"

@@ -14,8 +14,9 @@
                                                       stage2_ring); writes out, state
 
 Fused (fused_gluon.py; Hopper, bf16, K = V = 128, the gate, the l2 norm and the β sigmoid; by fused_by_rule:
-waves of (sequence, head) programs that fill the SMs, sequences not short): stage 0 for the sequence order, then one
-program per (sequence, value head) does both stages' work, the chunk tensors staying in shared memory.
+many packed sequences, or fixed-length ones whose (sequence, head) programs fill the SMs' waves; sequences not
+short): stage 0 for the sequence order (packed), then one program per (sequence, value head) does both
+stages' work, the chunk tensors staying in shared memory.
 
 Wide stage 2 (stage2_wide; many heads, sequences not short: stage 2 bound by memory traffic): both value
 blocks of a head in one program of two warpgroups, which copies the head's stage-1 tiles once, not twice.
@@ -73,11 +74,12 @@ WINDOW_SM_SHARE = 4   # windows only while stage 2 has at most one program per W
 ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
                          # (N² comparisons in one program; a power of two); beyond, sorted by torch
 FUSED = None          # the fused kernel: None by rule (fused_by_rule); a bool forces it where fused_applies
-FUSED_MIN_TOKENS = 256            # ... by rule: sequences this long on average, and
+FUSED_MIN_TOKENS = 256            # ... by rule: sequences this long on average, and, packed,
+FUSED_MIN_PROGRAMS_PER_SM = 2.5   # ... at least this many (sequence, head) programs per SM; fixed-length,
 FUSED_MIN_WAVE_FILL = 0.7         # ... more programs than SMs: their last wave at least this full, or
 FUSED_FULL_WAVE = 0.95            # ... one wave: at least this share of the SMs busy, or
 FUSED_MIN_SM_SHARE = 0.45         # ... at least this share with sequences of
-FUSED_MAX_TOKENS_PART_WAVE = 4096  # ... at most this many tokens on average
+FUSED_MAX_TOKENS_PART_WAVE = 4096  # ... at most this many tokens
 FUSED_PRODUCER_REGS = 136   # registers per thread of each of the fused kernel's two producer warpgroups (128 spills)
 FUSED_MAXNREG = 168         # ... at launch: the chain warpgroup gets the rest (232)
 
@@ -403,7 +405,8 @@ def kda_forward(
     """Run the forward (fused, or in two stages); writes ``out`` and ``final_state`` (if given)."""
     if fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm, use_gate, use_beta_sigmoid):
         N = cu_seqlens.numel() - 1 if cu_seqlens is not None else q.shape[0]
-        if FUSED or (FUSED is None and fused_by_rule(N, v.shape[2], q.shape[0] * q.shape[1], _sm_count(q.device))):
+        if FUSED or (FUSED is None and fused_by_rule(N, v.shape[2], q.shape[0] * q.shape[1], _sm_count(q.device),
+                                                     packed=cu_seqlens is not None)):
             run_fused(q, k, v, g, beta, scale=scale, out=out, final_state=final_state, A_log=A_log, dt_bias=dt_bias,
                       lower_bound=lower_bound, initial_state=initial_state, cu_seqlens=cu_seqlens,
                       state_v_first=state_v_first)
@@ -440,24 +443,29 @@ def fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm: bool, use_gate: boo
             and _aligned16(v) and gluon_stage1_applies(q, k, g))
 
 
-def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int) -> bool:
+def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool) -> bool:
     """Whether the fused kernel runs (where it applies). It runs one program per (sequence, head), each alone on
-    its SM (215 KB of shared memory) and as long as its sequence: its time is the number of waves of programs
-    times one sequence's chunks (~2.9 µs each on the H200), whatever the programs per wave. The two stages
-    spread the same work over every SM. So the fused kernel runs where its waves are full enough:
-      - several waves: the last at least FUSED_MIN_WAVE_FILL full, counted as programs / (waves · SMs);
-      - one wave: at least FUSED_FULL_WAVE of the SMs busy, or FUSED_MIN_SM_SHARE of them with sequences of at
-        most FUSED_MAX_TOKENS_PART_WAVE tokens on average (a wave of longer ones outlasts the two stages);
-      - always sequences of FUSED_MIN_TOKENS or more on average. This also keeps one long sequence packed among
-        many short ones on the two stages: its programs would run alone, at the fused kernel's slower pace per
-        chunk (the rule sees only the average; such a mix with a longer average still takes the fused kernel).
-    Fitted on the H200 (docs/perf-notes.md, session 19; benchmarks/results/fused-sweep-h200-2026-12-01.json):
-    the fused kernel's waves at 0.73–1.0 full −2..−53% against the two stages, at 0.53–0.68 full +4..+19%;
-    one wave of 8,192-token sequences on 64–112 SMs +6..+54%, on 128 −9%; one wave of 1,024–4,096 tokens on
-    64–128 SMs −17..−53%; 8,192 programs of 64 tokens −4%. FUSED forces either route."""
+    its SM (215 KB of shared memory) and as long as its sequence: its time is its waves of programs times one
+    sequence's chunks (~2.9 µs each on the H200), however full the waves. The two stages spread the same work
+    over every SM, at ~1.3 µs per chunk on a sequence's chain. Sequences must be FUSED_MIN_TOKENS long or more
+    on average; then
+      - fixed-length (every sequence as long): the waves must fill the SMs. With several waves the last is at
+        least FUSED_MIN_WAVE_FILL full, counted as programs / (waves · SMs); one wave keeps FUSED_FULL_WAVE of
+        the SMs busy, or FUSED_MIN_SM_SHARE of them with sequences of at most FUSED_MAX_TOKENS_PART_WAVE tokens
+        (a wave of longer ones outlasts the two stages);
+      - packed: the rule sees only the average length, and one long sequence among short ones would run alone
+        at the fused kernel's slower pace per chunk (+54% against the two stages: 1 × 8,192 and 32 × 300
+        tokens, 4 heads), so it needs FUSED_MIN_PROGRAMS_PER_SM programs per SM, where many sequences share
+        the SMs (the average bound keeps the extended suite's one long sequence among 64 short ones off it).
+    Measured on the H200 (docs/perf-notes.md, sessions 17 and 19; fused-sweep-h200-2026-12-01.json in
+    benchmarks/results): last waves 0.73–1.0 full −2..−53% against the two stages, 0.53–0.68 full +4..+19%;
+    one wave of 8,192-token sequences on 64–112 SMs +3..+54%, on 128 −4..−9%; of 1,024–4,096 tokens on 64–128
+    SMs −17..−53%; packed, 384–2,048 programs of 256–1,024 tokens −14..−32%. FUSED forces either route."""
     if T_total < FUSED_MIN_TOKENS * N:
         return False
     programs = N * HV
+    if packed:
+        return programs >= FUSED_MIN_PROGRAMS_PER_SM * sm_count
     waves = -(-programs // sm_count)
     if waves > 1:
         return programs >= FUSED_MIN_WAVE_FILL * waves * sm_count
