@@ -31,9 +31,9 @@ from fastkda import kernels
 from fastkda.bench.tasks import Task, make_inputs
 from fastkda.bench.timing import time_cuda, time_cuda_graph
 
-# Around the rule's bounds (kernels.fused_by_rule, 132 SMs): fixed-length, the last wave's fill and one wave's
-# share of the SMs against 4,096 and 8,192 tokens; packed, 2.5 programs per SM, 256 tokens on average, and one
-# long sequence among short ones (which the rule cannot see). Sessions 17 and 19 in docs/perf-notes.md.
+# Around the rule's bounds (kernels.fused_by_rule, 132 SMs): fixed-length, waves 0.42–0.97 full; packed, 2.5
+# programs per SM, 256 tokens on average, and one long sequence among short ones (which the rule cannot see).
+# Sessions 17 and 19 in docs/perf-notes.md; use --graph where the host is slow (session 19).
 DEFAULT_SHAPES = (
     "H128xB1x8192", "H112xB1x8192", "H96xB1x8192", "H64xB1x8192", "H64xB1x4096", "H56xB1x4096", "H96xB1x1024",
     "H32xB2x4096", "H70xB2x2048", "H90xB2x2048", "H96xB2x2048", "H100xB2x2048", "H64xB4x2048", "H90xB3x1024",

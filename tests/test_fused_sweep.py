@@ -37,7 +37,7 @@ def test_the_verdict_compares_the_rule_with_the_faster_route():
     assert right["programs"] == 512 and right["fused_vs_two_stages"] == pytest.approx(0.40 / 0.45 - 1)
     wrong = tool.verdict(64, (1024,) * 8, False, fused_ms=0.50, two_stage_ms=0.45, sm_count=sm)
     assert wrong["faster"] == "two stages" and not wrong["rule_right"]
-    # fixed-length, 140 programs: a second wave 0.06 full, the rule keeps the two stages
+    # fixed-length, 140 programs: two waves 0.53 full, the rule keeps the two stages
     assert not kernels.fused_by_rule(2, 70, 2 * 2048, sm, packed=False)
     missed = tool.verdict(70, (2048, 2048), True, fused_ms=0.20, two_stage_ms=0.25, sm_count=sm)
     assert missed["rule_picks"] == "two stages" and not missed["rule_right"]

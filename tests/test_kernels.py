@@ -529,8 +529,7 @@ def test_fused_kernel_applies_to_the_production_path_only(monkeypatch):
 def test_fused_kernel_by_rule(monkeypatch):
     # Sequences of FUSED_MIN_TOKENS or more on average, then: packed, FUSED_MIN_PROGRAMS_PER_SM (sequence, head)
     # programs per SM (the rule cannot see one long sequence among short ones); fixed-length, waves of programs
-    # that fill the SMs (the last of several at least FUSED_MIN_WAVE_FILL full; one wave on FUSED_FULL_WAVE of
-    # the SMs, or on FUSED_MIN_SM_SHARE of them with sequences of at most FUSED_MAX_TOKENS_PART_WAVE tokens).
+    # at least FUSED_MIN_WAVE_FILL full.
     from fastkda import kernels
     S = 132
     packed = lambda N, HV, T_total: kernels.fused_by_rule(N, HV, T_total, S, packed=True)
@@ -539,11 +538,9 @@ def test_fused_kernel_by_rule(monkeypatch):
     assert packed(8, 64, 8192) and packed(8, 96, 8192)       # 8 x 1,024 tokens: 512 and 768 programs
     assert packed(6, 64, mixed) and packed(6, 96, mixed)     # six mixed lengths: 384 and 576 programs
     assert not fixed(1, 64, 8192) and not fixed(1, 96, 8192)  # one sequence of 8,192: 64 and 96 programs
-    assert fixed(1, 128, 8192) and not fixed(1, 112, 8192)   # ... 128 programs fill the wave, 112 do not
-    assert fixed(1, 96, 1024) and fixed(2, 32, 4096)         # part of a wave, sequences of 1,024 or 4,096
-    assert not fixed(2, 29, 4096)                            # 58 programs: under 0.45 of the SMs
-    assert fixed(2, 96, 2048) and not fixed(2, 90, 2048)     # 192 programs: last wave 0.73 full; 180: 0.68
-    assert not fixed(2, 70, 2048) and fixed(2, 100, 2048)    # 140 programs: 0.53; 200: 0.76
+    assert fixed(1, 128, 8192) and fixed(1, 112, 8192)       # one wave 0.97 and 0.85 full
+    assert fixed(4, 64, 2048) and not fixed(2, 100, 2048)    # two waves 0.97 full; 0.76
+    assert not fixed(1, 96, 1024) and not fixed(2, 32, 4096)  # one wave 0.73, 0.48 full
     assert not packed(2, 64, 4096) and not packed(8, 16, 8192)   # 128 packed programs: under 2.5 per SM
     assert not packed(1 + 32, 4, 8192 + 32 * 300)            # one long sequence among short ones, 132 programs
     assert not packed(256, 32, 256 * 64) and not fixed(256, 32, 64)   # 8,192 programs of 64 tokens
@@ -552,13 +549,9 @@ def test_fused_kernel_by_rule(monkeypatch):
     least = math.ceil(kernels.FUSED_MIN_PROGRAMS_PER_SM * S)
     assert packed(least, 1, least * 256) and not packed(least - 1, 1, (least - 1) * 256)
     assert not packed(least, 1, least * 256 - 1)
-    full = math.ceil(kernels.FUSED_FULL_WAVE * S)
-    part = math.ceil(kernels.FUSED_MIN_SM_SHARE * S)
-    longest = kernels.FUSED_MAX_TOKENS_PART_WAVE
-    assert fixed(full, 1, longest + 1) and not fixed(full - 1, 1, longest + 1)
-    assert fixed(part, 1, longest) and not fixed(part - 1, 1, longest) and not fixed(part, 1, longest + 1)
-    fill = math.ceil(kernels.FUSED_MIN_WAVE_FILL * 2 * S)    # two waves
-    assert fixed(fill, 1, 256) and not fixed(fill - 1, 1, 256) and not fixed(fill, 1, 255)
+    for waves in (1, 2, 3, 4):                               # (from 5 waves on, every count is 0.8 full)
+        fill = math.ceil(kernels.FUSED_MIN_WAVE_FILL * waves * S)
+        assert fixed(fill, 1, 256) and not fixed(fill - 1, 1, 256) and not fixed(fill, 1, 255)
 
 
 def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
@@ -595,10 +588,9 @@ def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
     assert route(lens=[256] * 5, HV=2) == "fused"          # 10 programs
     assert route(lens=[300, 200, 255, 255, 270] * 2) == "fused"           # 256 tokens on average
     assert route(lens=[300, 200, 255, 255, 269] * 2) == "two stages"      # just under
-    # fixed-length: one full wave, half a wave of short sequences, not of long ones, nor a quarter
-    assert route(B=4, T=256) == "fused" and route(B=2, T=4096) == "fused"
-    assert route(B=2, T=4097) == "two stages" and route(B=1, T=256) == "two stages"
-    assert route(B=3, T=256, HV=2) == "fused" and route(B=5, T=256) == "two stages"   # last wave 0.75 / 0.25 full
+    # fixed-length: waves at least 0.8 full (one of 4 programs, two of 7), not 0.75 (3 programs, two of 6)
+    assert route(B=4, T=256) == "fused" and route(B=7, T=256) == "fused"
+    assert route(B=3, T=256) == "two stages" and route(B=3, T=256, HV=2) == "two stages"
     assert route(B=4, T=255) == "two stages"
     monkeypatch.setattr(kernels, "FUSED", True)
     assert route(lens=[1]) == "fused"

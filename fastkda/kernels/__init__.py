@@ -76,10 +76,7 @@ ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first 
 FUSED = None          # the fused kernel: None by rule (fused_by_rule); a bool forces it where fused_applies
 FUSED_MIN_TOKENS = 256            # ... by rule: sequences this long on average, and, packed,
 FUSED_MIN_PROGRAMS_PER_SM = 2.5   # ... at least this many (sequence, head) programs per SM; fixed-length,
-FUSED_MIN_WAVE_FILL = 0.7         # ... more programs than SMs: their last wave at least this full, or
-FUSED_FULL_WAVE = 0.95            # ... one wave: at least this share of the SMs busy, or
-FUSED_MIN_SM_SHARE = 0.45         # ... at least this share with sequences of
-FUSED_MAX_TOKENS_PART_WAVE = 4096  # ... at most this many tokens
+FUSED_MIN_WAVE_FILL = 0.8         # ... waves of programs at least this full on average
 FUSED_PRODUCER_REGS = 136   # registers per thread of each of the fused kernel's two producer warpgroups (128 spills)
 FUSED_MAXNREG = 168         # ... at launch: the chain warpgroup gets the rest (232)
 
@@ -446,31 +443,28 @@ def fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm: bool, use_gate: boo
 def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool) -> bool:
     """Whether the fused kernel runs (where it applies). It runs one program per (sequence, head), each alone on
     its SM (215 KB of shared memory) and as long as its sequence: its time is its waves of programs times one
-    sequence's chunks (~2.9 µs each on the H200), however full the waves. The two stages spread the same work
-    over every SM, at ~1.3 µs per chunk on a sequence's chain. Sequences must be FUSED_MIN_TOKENS long or more
-    on average; then
-      - fixed-length (every sequence as long): the waves must fill the SMs. With several waves the last is at
-        least FUSED_MIN_WAVE_FILL full, counted as programs / (waves · SMs); one wave keeps FUSED_FULL_WAVE of
-        the SMs busy, or FUSED_MIN_SM_SHARE of them with sequences of at most FUSED_MAX_TOKENS_PART_WAVE tokens
-        (a wave of longer ones outlasts the two stages);
-      - packed: the rule sees only the average length, and one long sequence among short ones would run alone
-        at the fused kernel's slower pace per chunk (+54% against the two stages: 1 × 8,192 and 32 × 300
-        tokens, 4 heads), so it needs FUSED_MIN_PROGRAMS_PER_SM programs per SM, where many sequences share
-        the SMs (the average bound keeps the extended suite's one long sequence among 64 short ones off it).
-    Measured on the H200 (docs/perf-notes.md, sessions 17 and 19; fused-sweep-h200-2026-12-01.json in
-    benchmarks/results): last waves 0.73–1.0 full −2..−53% against the two stages, 0.53–0.68 full +4..+19%;
-    one wave of 8,192-token sequences on 64–112 SMs +3..+54%, on 128 −4..−9%; of 1,024–4,096 tokens on 64–128
-    SMs −17..−53%; packed, 384–2,048 programs of 256–1,024 tokens −14..−32%. FUSED forces either route."""
+    sequence's chunks (~2.9 µs each on the H200), however full the waves are. The two stages spread the same
+    work over every SM, at ~1.3 µs per chunk on a sequence's chain. So, with sequences of FUSED_MIN_TOKENS or
+    more on average:
+      - fixed-length (every sequence as long): the waves at least FUSED_MIN_WAVE_FILL full, counted as
+        programs / (waves · SMs);
+      - packed: FUSED_MIN_PROGRAMS_PER_SM programs per SM. The rule sees only the average length, and one long
+        sequence among short ones runs alone at the fused kernel's pace per chunk: 2–3x slower than the two
+        stages where it is most of the work (measured: 4 heads, one sequence of 8,192 tokens among 32 or 100 of
+        300). Many programs per SM make such a mix less likely, not impossible; the average bound keeps the
+        extended suite's one long sequence among 64 short ones on the two stages.
+    Measured on the H200, GPU time (CUDA graphs; docs/perf-notes.md, session 19;
+    benchmarks/results/fused-sweep-h200-2026-12-01.json): fixed-length waves 0.85–0.97 full −3..−17% against
+    the two stages, 0.73–0.76 full +0..+12%, 0.42–0.68 full +7..+75%; packed, 336–2,048 programs of 256–1,024
+    tokens −11..−18% (128–320 programs −8..−20% too, left to the two stages for the mixes above). FUSED forces
+    either route."""
     if T_total < FUSED_MIN_TOKENS * N:
         return False
     programs = N * HV
     if packed:
         return programs >= FUSED_MIN_PROGRAMS_PER_SM * sm_count
     waves = -(-programs // sm_count)
-    if waves > 1:
-        return programs >= FUSED_MIN_WAVE_FILL * waves * sm_count
-    return (programs >= FUSED_FULL_WAVE * sm_count
-            or (programs >= FUSED_MIN_SM_SHARE * sm_count and T_total <= FUSED_MAX_TOKENS_PART_WAVE * N))
+    return programs >= FUSED_MIN_WAVE_FILL * waves * sm_count
 
 
 def run_fused(q, k, v, g, beta, *, scale, out, final_state, A_log, dt_bias, lower_bound, initial_state, cu_seqlens,
