@@ -136,8 +136,9 @@ def run(shapes: Sequence[str], *, repeats: int = 40, rounds: int = 3, graph: boo
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=None, help="comma-separated H<heads>x<sequences>x<tokens>, groups joined "
-                                                   "by + (default: a sweep around the rule's bounds)")
+    ap.add_argument("--shapes", default=None, help="comma-separated H<heads>x<sequences>x<tokens> (groups joined "
+                                                   "by +) or H<heads>xB<batch>x<tokens> (fixed-length; default: a "
+                                                   "sweep around the rule's bounds)")
     ap.add_argument("--graph", action="store_true", help="time CUDA graph replays (the GPU's time alone)")
     ap.add_argument("--repeats", type=int, default=40, help="timed calls per round and route")
     ap.add_argument("--rounds", type=int, default=3)
