@@ -4,14 +4,15 @@
                                      [--repeats 40] [--rounds 3] [--json PATH]
 
 A shape is H heads × N packed sequences × L tokens each (H32x8x1024), or several such groups packed in turn
-(H4x1x8192+32x300: one sequence of 8,192 tokens, then 32 of 300; the rule sees only the average length, so
-such mixes show where it cannot tell), or a fixed-length batch of B sequences of T tokens, no cu_seqlens
-(H64xB2x4096). For each one, both routes run through fastkda.fwd:
-the fused kernel (kernels.FUSED = True) and the two stages (FUSED = False). Their outputs and final states are
-compared bitwise first (the fused kernel is written to equal the two stages exactly), then both are timed in
+(H4x1x8192+32x300: one sequence of 8,192 tokens, then 32 of 300; without cu_seqlens_cpu the rule sees only
+the average length, so such mixes show where it cannot tell), or a fixed-length batch of B sequences of T
+tokens, no cu_seqlens (H64xB2x4096). For each one, both routes run through fastkda.fwd: the fused kernel
+(kernels.FUSED = True) and the two stages (FUSED = False). Their outputs and final states are compared
+bitwise first (the fused kernel is written to equal the two stages exactly), then both are timed in
 interleaved rounds (CUDA events, the mean of the rounds' medians; with --graph each call is replayed from a
-CUDA graph, so that the GPU's time is measured, not a slow host's). Each row says what fused_by_rule picks and
-which route was faster, so that a rule picking the slower route shows at once. A diagnosis, not a record:
+CUDA graph, so that the GPU's time is measured, not a slow host's). Each row says what fused_by_rule picks
+(from a device cu_seqlens alone, and knowing the lengths as from cu_seqlens_cpu) and which route was faster,
+so that a rule picking the slower route shows at once. A diagnosis, not a record:
 records come from `python -m fastkda.bench`.
 """
 
@@ -61,12 +62,16 @@ def parse_shape(text: str) -> Tuple[int, Tuple[int, ...], bool]:
 
 
 def verdict(H: int, lens: Sequence[int], fixed: bool, fused_ms: float, two_stage_ms: float, sm_count: int) -> dict:
-    """What the rule picks for the shape, which route was faster, and whether they agree."""
+    """What the rule picks for the shape, which route was faster, and whether they agree: as called with a
+    device cu_seqlens only, and (packed) with its CPU copy too, which tells the rule the longest sequence."""
     N = len(lens)
     rule = kernels.fused_by_rule(N, H, sum(lens), sm_count, packed=not fixed)
+    rule_known = kernels.fused_by_rule(N, H, sum(lens), sm_count, packed=not fixed, max_seqlen=max(lens))
     faster = "fused" if fused_ms < two_stage_ms else "two stages"
     return {"programs": N * H, "programs_per_sm": N * H / sm_count, "rule_picks": "fused" if rule else "two stages",
             "faster": faster, "rule_right": (faster == "fused") == rule,
+            "rule_picks_knowing_lengths": "fused" if rule_known else "two stages",
+            "rule_right_knowing_lengths": (faster == "fused") == rule_known,
             "fused_vs_two_stages": fused_ms / two_stage_ms - 1}
 
 
@@ -130,6 +135,7 @@ def run(shapes: Sequence[str], *, repeats: int = 40, rounds: int = 3, graph: boo
         log(f"{r['shape']:<18} {r['programs']:5d} programs  fused {r['fused_ms']:.3f}  two stages "
             f"{r['two_stages_ms']:.3f} ms ({r['fused_vs_two_stages']:+.1%})  rule: {r['rule_picks']:<10}"
             f"{'' if r['rule_right'] else '  <- the slower route'}"
+            f"{'' if r['rule_right_knowing_lengths'] else '  (knowing the lengths: the slower route)'}"
             f"{'' if r['bitwise_equal'] else '  NOT BITWISE EQUAL'}")
     return rows
 
@@ -150,9 +156,10 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"what": "fused kernel against the two stages (benchmarks/fused_sweep.py)",
                        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
-    wrong = [r["shape"] for r in rows if not r["rule_right"]]
-    print(f"the rule picks the slower route on {len(wrong)} of {len(rows)} shapes"
-          + (f": {', '.join(wrong)}" if wrong else ""))
+    for key, how in (("rule_right", ""), ("rule_right_knowing_lengths", " knowing the lengths")):
+        wrong = [r["shape"] for r in rows if not r[key]]
+        print(f"the rule{how} picks the slower route on {len(wrong)} of {len(rows)} shapes"
+              + (f": {', '.join(wrong)}" if wrong else ""))
     if not all(r["bitwise_equal"] for r in rows):
         raise SystemExit("fused_sweep: the routes differ on some shape (see the rows)")
 

@@ -36,16 +36,18 @@ def forward(
     use_qk_l2norm: bool,
     use_gate: bool,
     use_beta_sigmoid: bool,
+    max_seqlen: Optional[int] = None,
     backend: Optional[str] = None,
 ) -> None:
-    """Dispatch an already-checked call: writes ``out`` and, if given, ``final_state``."""
+    """Dispatch an already-checked call: writes ``out`` and, if given, ``final_state``. ``max_seqlen``, the
+    longest sequence where the host knows it, only steers the kernels' route."""
     backend = backend or _default_backend(q.device)
     if backend == "triton":
         from .kernels import kda_forward
         kda_forward(q, k, v, g, beta, scale=scale, out=out, final_state=final_state, A_log=A_log,
                     dt_bias=dt_bias, lower_bound=lower_bound, initial_state=initial_state,
                     cu_seqlens=cu_seqlens, state_v_first=state_v_first, use_qk_l2norm=use_qk_l2norm,
-                    use_gate=use_gate, use_beta_sigmoid=use_beta_sigmoid)
+                    use_gate=use_gate, use_beta_sigmoid=use_beta_sigmoid, max_seqlen=max_seqlen)
     elif backend == "reference":
         o, s = kda_chunked(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias,
                            lower_bound=lower_bound, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -79,6 +81,7 @@ def fwd(
     initial_state: Optional[torch.Tensor] = None,
     final_state: Optional[torch.Tensor] = None,
     cu_seqlens: Optional[torch.Tensor] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
 ) -> None:
     """KDA forward with FlashKDA's signature and semantics; writes ``out`` and ``final_state`` in place.
 
@@ -98,12 +101,15 @@ def fwd(
         final_state: optional ``[N, HV, V, K]`` buffer, bf16 or fp32; may be ``initial_state`` itself.
         cu_seqlens: optional ``[N+1]`` int32/int64 offsets of packed sequences (then ``B == 1``); empty
             sequences are allowed and their final state is their initial state.
+        cu_seqlens_cpu: optional CPU copy of ``cu_seqlens`` (fastkda's addition, fla's name): its values are
+            checked without a sync, and the longest sequence steers the route (one long sequence packed among
+            short ones runs on the two-stage kernels, which spread it over the SMs).
 
     K and V may each be 64 or 128. Raises ``ValueError``/``TypeError`` naming the bad argument before
     anything is written.
     """
     p = checks.check_inputs(q, k, v, g, beta)
-    p = checks.check_cu_seqlens(cu_seqlens, p, q.device)
+    p = checks.check_cu_seqlens(cu_seqlens, p, q.device, cu_seqlens_cpu)
     scale = checks.check_scale(scale)
     lower_bound = checks.check_lower_bound(lower_bound)
     if dt_bias is None:
@@ -120,7 +126,7 @@ def fwd(
     with torch.no_grad():
         forward(q, k, v, g, beta, scale=scale, out=out, final_state=final_state, A_log=A_log, dt_bias=dt_bias,
                 lower_bound=lower_bound, initial_state=initial_state, cu_seqlens=cu_seqlens, state_v_first=True,
-                use_qk_l2norm=True, use_gate=True, use_beta_sigmoid=True)
+                use_qk_l2norm=True, use_gate=True, use_beta_sigmoid=True, max_seqlen=p.max_seqlen)
 
 
 _UNSUPPORTED_KWARGS = {
@@ -168,7 +174,7 @@ def check_chunk_kda(
     return dict(problem=p, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
                 initial_state=initial_state, cu_seqlens=cu_seqlens, state_v_first=state_v_first,
                 use_qk_l2norm=use_qk_l2norm_in_kernel, use_gate=use_gate_in_kernel,
-                use_beta_sigmoid=use_beta_sigmoid_in_kernel)
+                use_beta_sigmoid=use_beta_sigmoid_in_kernel, max_seqlen=p.max_seqlen)
 
 
 def chunk_kda(
@@ -210,7 +216,8 @@ def chunk_kda(
         lower_bound: see ``use_gate_in_kernel``.
         state_v_first: states in ``[N, HV, V, K]`` layout (FlashKDA's) instead of ``[N, HV, K, V]``.
         cu_seqlens: ``[N+1]`` int32/int64 offsets of packed sequences (then ``B == 1``).
-        cu_seqlens_cpu: optional CPU copy of ``cu_seqlens``, used to check its values without a sync.
+        cu_seqlens_cpu: optional CPU copy of ``cu_seqlens``: its values are checked without a sync, and the
+            longest sequence steers the route (as in :func:`fwd`).
         A_log: ``[HV]`` fp32.  dt_bias: ``[HV, K]`` or ``[HV * K]`` fp32, optional.
 
     fla-only options that change nothing here (``disable_recompute``, ``max_num_seqs``, ``chunk_size``)

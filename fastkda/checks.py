@@ -46,6 +46,7 @@ class Problem:
     V: int            # value dim
     N: int            # sequences (B, or len(cu_seqlens) - 1)
     varlen: bool
+    max_seqlen: Optional[int] = None   # the longest sequence, where its length is known without a sync
 
 
 def _tensor(name: str, x, *, ndim: Optional[int] = None) -> torch.Tensor:
@@ -142,7 +143,7 @@ def check_inputs(q, k, v, g, beta) -> Problem:
     _shape("beta", beta, (B, T, HV), "[B, T, HV]")
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         _contiguous(name, x)
-    return Problem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=B, varlen=False)
+    return Problem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=B, varlen=False, max_seqlen=T)
 
 
 def check_cu_seqlens(cu_seqlens, p: Problem, device: torch.device, cu_seqlens_cpu=None) -> Problem:
@@ -160,7 +161,7 @@ def check_cu_seqlens(cu_seqlens, p: Problem, device: torch.device, cu_seqlens_cp
     _contiguous("cu_seqlens", cu)
     if p.B != 1:
         raise ValueError(f"q: with cu_seqlens the batch size must be 1 (sequences packed along T), got B={p.B}")
-    values = None
+    values = max_seqlen = None
     if cu_seqlens_cpu is not None:
         values = _tensor("cu_seqlens_cpu", cu_seqlens_cpu)
         if values.shape != cu.shape:
@@ -178,7 +179,9 @@ def check_cu_seqlens(cu_seqlens, p: Problem, device: torch.device, cu_seqlens_cp
                                  f"at index {i}")
         if vals[-1] != p.T:
             raise ValueError(f"cu_seqlens: expected to end at the token count T={p.T}, got {vals[-1]}")
-    return Problem(B=p.B, T=p.T, H=p.H, HV=p.HV, K=p.K, V=p.V, N=cu.numel() - 1, varlen=True)
+        max_seqlen = max(b - a for a, b in zip(vals, vals[1:]))
+    return Problem(B=p.B, T=p.T, H=p.H, HV=p.HV, K=p.K, V=p.V, N=cu.numel() - 1, varlen=True,
+                   max_seqlen=max_seqlen)
 
 
 def check_gate_params(A_log, dt_bias, p: Problem, device: torch.device, *, A_log_required: bool) -> None:

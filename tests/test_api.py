@@ -146,6 +146,27 @@ def test_fwd_final_state_in_place_on_initial_state():
     assert torch.equal(s, final_sep)
 
 
+def test_the_longest_sequence_reaches_the_dispatch(monkeypatch):
+    # Where the host knows cu_seqlens' values (cu_seqlens_cpu, or cu_seqlens on the CPU), the longest sequence
+    # goes to the kernels' route (kernels.fused_by_rule); a fixed-length call's is T. A bad copy raises.
+    cu = torch.tensor([0, 11, 11, 30], dtype=torch.int32)
+    x = make(T=30, N=3, seed=8)
+    seen = []
+    monkeypatch.setattr(fastkda.api, "forward", lambda *args, **kwargs: seen.append(kwargs["max_seqlen"]))
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 0.125, torch.empty_like(x["v"]), x["A_log"], x["dt_bias"],
+            -5.0)
+    fastkda.fwd(*args, cu_seqlens=cu, cu_seqlens_cpu=cu.clone())
+    fastkda.fwd(*args, cu_seqlens=cu)
+    ck(x, **FUSED, cu_seqlens=cu, cu_seqlens_cpu=cu.clone())
+    xf = make(B=2, T=70)
+    fastkda.fwd(xf["q"], xf["k"], xf["v"], xf["g"], xf["beta"], 0.125, torch.empty_like(xf["v"]), xf["A_log"],
+                xf["dt_bias"], -5.0)
+    assert seen == [19, 19, 19, 70]
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        fastkda.fwd(*args, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 11, 12, 30], dtype=torch.int32) - 1)
+    assert len(seen) == 4
+
+
 def test_fwd_in_place_varlen_with_empty_sequence():
     cu = torch.tensor([0, 11, 11, 30], dtype=torch.int32)
     x = make(T=30, N=3, seed=8)

@@ -345,7 +345,7 @@ def test_device_cu_seqlens_values_read_only_when_strict(strict_off):
     dev = torch.device("meta")
     cu = torch.empty(4, dtype=torch.int32, device=dev)              # values unknown
     p = checks.check_cu_seqlens(cu, _meta_problem(), dev)
-    assert (p.N, p.varlen) == (3, True)
+    assert (p.N, p.varlen, p.max_seqlen) == (3, True, None)
     fastkda.set_strict_checks(True)
     assert checks.strict_checks() is True
     with pytest.raises(Exception):                                 # strict: the values are read (impossible on meta)
@@ -362,7 +362,7 @@ def test_cu_seqlens_cpu_values_are_checked(strict_off, strict):
     cu = torch.empty(4, dtype=torch.int32, device=dev)
     good = torch.tensor([0, 5, 5, 24], dtype=torch.int32)
     p = checks.check_cu_seqlens(cu, _meta_problem(), dev, cu_seqlens_cpu=good)
-    assert p.N == 3
+    assert p.N == 3 and p.max_seqlen == 19                         # the longest sequence, for the route
     for bad, what in (([1, 5, 5, 24], "start at 0"), ([0, 6, 5, 24], "non-decreasing"),
                       ([0, 5, 5, 23], "end at the token count")):
         with pytest.raises(ValueError, match="cu_seqlens") as info:

@@ -46,6 +46,11 @@ def test_the_verdict_compares_the_rule_with_the_faster_route():
     assert tool.verdict(64, (2048, 2048), True, fused_ms=0.2, two_stage_ms=0.3, sm_count=sm)["rule_picks"] == "fused"
     assert tool.verdict(64, (2048, 2048), False, fused_ms=0.2, two_stage_ms=0.3,
                         sm_count=sm)["rule_picks"] == "two stages"
+    # one long sequence among 100 short ones, 404 programs: fused by the average, two stages knowing the lengths
+    skew = tool.verdict(4, (8192,) + (300,) * 100, False, fused_ms=0.72, two_stage_ms=0.30, sm_count=sm)
+    assert skew["rule_picks"] == "fused" and not skew["rule_right"]
+    assert skew["rule_picks_knowing_lengths"] == "two stages" and skew["rule_right_knowing_lengths"]
+    assert right["rule_picks_knowing_lengths"] == "fused"
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal without a GPU")

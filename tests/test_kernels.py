@@ -504,6 +504,28 @@ def test_fused_kernel_gives_the_two_stage_results_bit_for_bit(lens, B, T, H, HV,
         assert not s_fused.isnan().any() and torch.equal(s_two, s_fused)
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="the fused kernel is a Gluon kernel (Hopper)")
+def test_cu_seqlens_cpu_keeps_one_long_sequence_off_the_fused_kernel(monkeypatch):
+    # 4 heads, one sequence of 8,192 tokens among 100 of 300: 404 programs, fused by the average alone, where it
+    # is 2.4x slower (fused_sweep); with cu_seqlens_cpu the rule sees the longest sequence and runs the two
+    # stages. Same bits either way.
+    import fastkda
+    from fastkda.kernels import _is_hopper
+    if not _is_hopper(torch.device("cuda")):
+        pytest.skip("needs Hopper")
+    x, p, shape = make(lens=[8192] + [300] * 100, H=4, HV=4, K=128, V=128, seed=11)
+    launched = record_launches(monkeypatch)
+    results = []
+    for cpu_copy in (None, p["cu_seqlens"].cpu()):
+        launched.clear()
+        out, fs = torch.empty_like(x["v"]), torch.empty(shape, dtype=torch.float32, device=DEVICE)
+        fastkda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], p["scale"], out, p["A_log"], p["dt_bias"],
+                    p["lower_bound"], p["initial_state"], fs, p["cu_seqlens"], cu_seqlens_cpu=cpu_copy)
+        assert ("_fused_kernel" in launched) == (cpu_copy is None)
+        results.append((out, fs))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
 def test_fused_kernel_applies_to_the_production_path_only(monkeypatch):
     # bf16 inputs where the Gluon stages run, K = V = 128, the gate with A_log and dt_bias, the l2 norm and the
     # β sigmoid; FUSED = False turns it off everywhere.
@@ -545,6 +567,15 @@ def test_fused_kernel_by_rule(monkeypatch):
     assert not packed(1 + 32, 4, 8192 + 32 * 300)            # one long sequence among short ones, 132 programs
     assert not packed(256, 32, 256 * 64) and not fixed(256, 32, 64)   # 8,192 programs of 64 tokens
     assert not packed(65, 32, 64 * 64 + 8192)                # one long sequence among 64 short (avg 189)
+    # with the longest sequence known (cu_seqlens_cpu): at most 1.5 SM shares of the tokens
+    longest = lambda N, HV, T_total, n: kernels.fused_by_rule(N, HV, T_total, S, packed=True, max_seqlen=n)
+    skew = 8192 + 100 * 300                                  # 404 programs: fused by the average alone
+    assert packed(101, 4, skew) and not longest(101, 4, skew, 8192)
+    assert longest(6, 64, mixed, 3063) and longest(6, 96, mixed, 3063) and longest(8, 64, 8192, 1024)
+    assert longest(101, 8, 2048 + 30000, 2048) and not longest(101, 8, 3072 + 30000, 3072)   # 1.05, 1.53 shares
+    share = kernels.FUSED_MAX_LONGEST_SHARE * 4 * skew / S
+    assert longest(101, 4, skew, math.floor(share)) and not longest(101, 4, skew, math.floor(share) + 1)
+    assert not longest(8, 16, 8192, 1024)                   # the program bound still holds
     # the bounds, exactly
     least = math.ceil(kernels.FUSED_MIN_PROGRAMS_PER_SM * S)
     assert packed(least, 1, least * 256) and not packed(least - 1, 1, (least - 1) * 256)
@@ -570,7 +601,7 @@ def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
     monkeypatch.setattr(kernels, "run_fused", lambda *args, **kwargs: taken.append("fused"))
     monkeypatch.setattr(kernels, "_plan_chunks", two_stages)
 
-    def route(lens=None, B=1, T=0, HV=1):
+    def route(lens=None, B=1, T=0, HV=1, max_seqlen=None):
         if lens is not None:
             B, T = 1, sum(lens)
         q = torch.empty(B, T, 1, 128, dtype=torch.bfloat16)
@@ -579,7 +610,7 @@ def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
         try:
             kernels.kda_forward(q, q, v, v, v[..., 0], scale=1.0, out=v, final_state=None, A_log=None, dt_bias=None,
                                 lower_bound=-5.0, initial_state=None, cu_seqlens=cu, state_v_first=True,
-                                use_qk_l2norm=True, use_gate=True, use_beta_sigmoid=True)
+                                use_qk_l2norm=True, use_gate=True, use_beta_sigmoid=True, max_seqlen=max_seqlen)
             return taken.pop()
         except TwoStages:
             return "two stages"
@@ -588,6 +619,10 @@ def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
     assert route(lens=[256] * 5, HV=2) == "fused"          # 10 programs
     assert route(lens=[300, 200, 255, 255, 270] * 2) == "fused"           # 256 tokens on average
     assert route(lens=[300, 200, 255, 255, 269] * 2) == "two stages"      # just under
+    # the longest sequence, where known: at most 1.5 SM shares of the tokens (1.5 · (9 × 256 + 1382) / 4 ≥ 1382)
+    assert route(lens=[256] * 9 + [1382], max_seqlen=1382) == "fused"
+    assert route(lens=[256] * 9 + [1383], max_seqlen=1383) == "two stages"
+    assert route(lens=[256] * 9 + [1383]) == "fused"                     # unknown: by the average alone
     # fixed-length: waves at least 0.8 full (one of 4 programs, two of 7), not 0.75 (3 programs, two of 6)
     assert route(B=4, T=256) == "fused" and route(B=7, T=256) == "fused"
     assert route(B=3, T=256) == "two stages" and route(B=3, T=256, HV=2) == "two stages"

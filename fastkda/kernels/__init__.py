@@ -77,6 +77,7 @@ FUSED = None          # the fused kernel: None by rule (fused_by_rule); a bool f
 FUSED_MIN_TOKENS = 256            # ... by rule: sequences this long on average, and, packed,
 FUSED_MIN_PROGRAMS_PER_SM = 2.5   # ... at least this many (sequence, head) programs per SM; fixed-length,
 FUSED_MIN_WAVE_FILL = 0.8         # ... waves of programs at least this full on average
+FUSED_MAX_LONGEST_SHARE = 1.5     # packed, where the longest sequence is known: at most this many SM shares
 FUSED_PRODUCER_REGS = 136   # registers per thread of each of the fused kernel's two producer warpgroups (128 spills)
 FUSED_MAXNREG = 168         # ... at launch: the chain warpgroup gets the rest (232)
 
@@ -398,12 +399,14 @@ def kda_forward(
     use_qk_l2norm: bool,
     use_gate: bool,
     use_beta_sigmoid: bool,
+    max_seqlen: Optional[int] = None,
 ) -> None:
-    """Run the forward (fused, or in two stages); writes ``out`` and ``final_state`` (if given)."""
+    """Run the forward (fused, or in two stages); writes ``out`` and ``final_state`` (if given). ``max_seqlen``:
+    the longest sequence where the caller knows it (it only steers the route, see fused_by_rule)."""
     if fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm, use_gate, use_beta_sigmoid):
         N = cu_seqlens.numel() - 1 if cu_seqlens is not None else q.shape[0]
         if FUSED or (FUSED is None and fused_by_rule(N, v.shape[2], q.shape[0] * q.shape[1], _sm_count(q.device),
-                                                     packed=cu_seqlens is not None)):
+                                                     packed=cu_seqlens is not None, max_seqlen=max_seqlen)):
             run_fused(q, k, v, g, beta, scale=scale, out=out, final_state=final_state, A_log=A_log, dt_bias=dt_bias,
                       lower_bound=lower_bound, initial_state=initial_state, cu_seqlens=cu_seqlens,
                       state_v_first=state_v_first)
@@ -440,7 +443,8 @@ def fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm: bool, use_gate: boo
             and _aligned16(v) and gluon_stage1_applies(q, k, g))
 
 
-def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool) -> bool:
+def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
+                  max_seqlen: Optional[int] = None) -> bool:
     """Whether the fused kernel runs (where it applies). It runs one program per (sequence, head), each alone on
     its SM (215 KB of shared memory) and as long as its sequence: its time is its waves of programs times one
     sequence's chunks (~2.9 µs each on the H200), however full the waves are. The two stages spread the same
@@ -448,13 +452,15 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool) ->
     more on average:
       - fixed-length (every sequence as long): the waves at least FUSED_MIN_WAVE_FILL full, counted as
         programs / (waves · SMs);
-      - packed: FUSED_MIN_PROGRAMS_PER_SM programs per SM. The rule sees only the average length, and one long
-        sequence among short ones runs alone at the fused kernel's pace per chunk: 2–3x slower than the two
-        stages where it is most of the work (measured: 4 heads, one sequence of 8,192 tokens among 32 or 100 of
-        300). Many programs per SM make such a mix less likely, not impossible; the average bound keeps the
-        extended suite's one long sequence among 64 short ones on the two stages.
-    Measured on the H200, GPU time (CUDA graphs; docs/perf-notes.md, session 19;
-    benchmarks/results/fused-sweep-h200-2026-12-01.json): fixed-length waves 0.85–0.97 full −3..−17% against
+      - packed: FUSED_MIN_PROGRAMS_PER_SM programs per SM, and, where the host knows the longest sequence
+        (``max_seqlen``, from ``cu_seqlens_cpu``), that sequence at most FUSED_MAX_LONGEST_SHARE times one
+        SM's share of the tokens (HV · T_total / SMs). A longer one runs on alone after the others have
+        finished, at the fused kernel's pace per chunk: measured (one long sequence among 60–100 short ones,
+        4–16 heads), −13..−3% against the two stages at 0.5–1.5 shares, +15% at 1.8–2.0, +58% at 2.9, 2.4–3.1x
+        slower at 7–15. Without ``max_seqlen`` the rule sees only the average; many programs per SM make such
+        a mix less likely, not impossible.
+    Measured on the H200, GPU time (CUDA graphs; docs/perf-notes.md, sessions 19 and 20;
+    benchmarks/results/fused-sweep-h200-2026-12-01*.json): fixed-length waves 0.85–0.97 full −3..−17% against
     the two stages, 0.73–0.76 full +0..+12%, 0.42–0.68 full +7..+75%; packed, 336–2,048 programs of 256–1,024
     tokens −11..−18% (128–320 programs −8..−20% too, left to the two stages for the mixes above). FUSED forces
     either route."""
@@ -462,7 +468,8 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool) ->
         return False
     programs = N * HV
     if packed:
-        return programs >= FUSED_MIN_PROGRAMS_PER_SM * sm_count
+        return (programs >= FUSED_MIN_PROGRAMS_PER_SM * sm_count
+                and (max_seqlen is None or max_seqlen * sm_count <= FUSED_MAX_LONGEST_SHARE * HV * T_total))
     waves = -(-programs // sm_count)
     return programs >= FUSED_MIN_WAVE_FILL * waves * sm_count
 
