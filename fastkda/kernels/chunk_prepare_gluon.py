@@ -7,8 +7,9 @@ transposed, [K channels × BT tokens], in the register layout of a wgmma accumul
 
     (G − r)ᵀ = aᵀ · A'ᵀ,  A'[i, j] = [j ≤ i] − 1/2      a in fp16 or bf16 pieces: no scan; r = G_last / 2
     [L; Aqk]  = [k̂⊙e^{G−r}; q̂⊙e^{G−r}] · (k̂⊙e^{r−G})ᵀ     one product, M = 2·BT (both from shared memory)
-    T_2b      = T_b + mask_b ⊙ (T_b·(−L)) · T_b           block doubling; fp16 on mma.sync, or bf16 high + low
-                                                          halves on wgmma
+    T_2b      = T_b + mask_b ⊙ (T_b·(−L)) · T_b           block doubling; fp16 on mma.sync (to b = 16 each
+                                                          diagonal block in one warp's registers), or bf16
+                                                          high + low halves on wgmma
     Wᵀ        = (k̂⊙e^{G−r})ᵀ · (T·diag(β))ᵀ                per block of 64 channels; high and low halves
 
 with the masks, scales and per-channel factors of chunk_prepare.py applied to the accumulators (padding
@@ -193,39 +194,77 @@ def _masked_l_aqk(b_la, beta_i, scale, o_r, o_j, is_l, BT: gl.constexpr):
     return gl.where(o_j[None, :] < j_end[:, None], b_la * gl.expand_dims(f_row, 1), 0.0)
 
 
-# T's register layout in the fp16 doubling: an mma.sync accumulator, warps 2 × 2 (one warpgroup).
-T_MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8]))
+# The fp16 doubling's layout: a batch of four 16 × 16 mma.sync accumulators, one per warp of the warpgroup.
+T_MMA3 = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8]))
 
 
 @gluon.jit
-def _doubling_fp16(tl_s, th_s, LOG2_BT: gl.constexpr, BT: gl.constexpr):
-    """T = (I + L)^-1 by block doubling, T_2b = T_b + mask_b ⊙ (T_b·(−L))·T_b, in fp16 with fp32 sums, from −L
-    in rows 0..BT−1 of tl_s. Returns T [BT, BT] in the register layout of an mma.sync accumulator.
+def _diag_block(tl_s, blk: gl.constexpr, layout: gl.constexpr, TRANSPOSED: gl.constexpr = False):
+    """−L's diagonal block blk (16 × 16, or its transpose), in every warp."""
+    view = tl_s.slice(16 * blk, 16).slice(16 * blk, 16, dim=1)
+    if TRANSPOSED:
+        view = view.permute((1, 0))
+    return view.load(layout)
 
-    mma.sync (16 × 8 tiles, warps 2 × 2) rather than wgmma: T is BT × BT and a wgmma tile has 64 rows, so
-    half of every wgmma accumulator was padding; the masks and conversions ran on 16 elements per thread, a
-    quarter of a fused producer's instructions. Here each thread holds 8 of T's elements. Both operands come from
-    shared memory (ldmatrix): T_b and X, staged in the two tiles th_s and tl_s by turns (rows 0..BT−1: T_b,
-    BT..2·BT−1: X), so a level's stores need no barrier for the level before's loads."""
-    mma: gl.constexpr = T_MMA
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    o_r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
-    o_j = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-    neg_l = tl_s.slice(0, BT).load(b_op)             # the right operand of every level's first product
-    # T_2 = I − L on the 2 × 2 diagonal blocks
-    b_t = gl.where(o_j[None, :] == o_r[:, None], 1.0, 0.0) + gl.where(
-        (o_r[:, None] // 2) == (o_j[None, :] // 2), tl_s.slice(0, BT).load(mma).to(gl.float32), 0.0)
-    for lvl in gl.static_range(1, LOG2_BT):
-        buf = th_s if lvl % 2 == 1 else tl_s         # tl_s is free once every thread passed level 1's barrier
-        buf.slice(0, BT).store(b_t.to(gl.float16))
-        _cta_barrier()                               # T_b is in shared memory
-        b_x = mma_v2(buf.slice(0, BT).load(a_op), neg_l, gl.zeros([BT, BT], gl.float32, layout=mma))
-        buf.slice(BT, BT).store(
-            gl.where((o_r >> lvl)[:, None] == ((o_j >> lvl) ^ 1)[None, :], b_x, 0.0).to(gl.float16))
-        _cta_barrier()                               # X is in shared memory
-        b_t = mma_v2(buf.slice(BT, BT).load(a_op), buf.slice(0, BT).load(b_op), b_t)
-    return b_t
+
+@gluon.jit
+def _doubling_fp16(tl_s, stage_s, LOG2_BT: gl.constexpr, BT: gl.constexpr):
+    """T = (I + L)^-1 by block doubling, T_2b = T_b + (T_b·M_b)·T_b with M_b = −L on the off-diagonal b-blocks of
+    each 2b-block, in fp16 with fp32 sums, from −L in rows 0..BT−1 of tl_s (BT = 32). Returns T [BT, BT] with
+    warp w holding its 16 × 16 tile (row block w // 2, column block w % 2) as an mma.sync accumulator.
+
+    While b ≤ 8, T_b is block-diagonal in 16 × 16 blocks and each block doubles on its own: a batch of four
+    (warp w: block w // 2), with T_bᵀ carried beside T_b (T_2bᵀ = T_bᵀ + T_bᵀ·Xᵀ: the same products and sums,
+    so exactly the transpose). An accumulator is already its warp's left operand, and the right operand of
+    its transpose, so these levels run in registers: no shared memory, no barrier (the 32 × 32 doubling on
+    warps 2 × 2 took two barriers and three shared-memory round trips per level). The last level's corner,
+    T_1·C·T_0 (C: −L's lower-left block), takes T_0 through stage_s (2 KB of shared memory that no other
+    warp touches meanwhile): one barrier. Every product and sum is one the 32 × 32 doubling makes, its other
+    terms exact zeros, so T is the same to the bit (docs/perf-notes.md, session 20)."""
+    gl.static_assert(BT == 32, "the blocked doubling is written for BT = 32")
+    m3: gl.constexpr = T_MMA3
+    a3: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=m3, k_width=2)
+    b3: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=m3, k_width=2)
+    acc2: gl.constexpr = gl.SliceLayout(0, m3)
+    rhs2: gl.constexpr = gl.SliceLayout(0, b3)
+    o_w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, m3)))[:, None, None]
+    o_wb = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, b3)))[:, None, None]
+    r = gl.arange(0, 16, layout=gl.SliceLayout(1, acc2))
+    c = gl.arange(0, 16, layout=gl.SliceLayout(0, acc2))
+    k = gl.arange(0, 16, layout=gl.SliceLayout(1, rhs2))
+    n = gl.arange(0, 16, layout=gl.SliceLayout(0, rhs2))
+    # T_2 = I − L on the 2 × 2 diagonal blocks, and its transpose
+    eye = gl.where(r[:, None] == c[None, :], 1.0, 0.0)
+    pair = (r[:, None] // 2) == (c[None, :] // 2)
+    b_t = gl.where(o_w < 2, gl.expand_dims(eye + gl.where(pair, _diag_block(tl_s, 0, acc2).to(gl.float32), 0.0), 0),
+                   gl.expand_dims(eye + gl.where(pair, _diag_block(tl_s, 1, acc2).to(gl.float32), 0.0), 0))
+    b_r = gl.where(o_w < 2,
+                   gl.expand_dims(eye + gl.where(pair, _diag_block(tl_s, 0, acc2, True).to(gl.float32), 0.0), 0),
+                   gl.expand_dims(eye + gl.where(pair, _diag_block(tl_s, 1, acc2, True).to(gl.float32), 0.0), 0))
+    l_0 = _diag_block(tl_s, 0, rhs2)
+    l_1 = _diag_block(tl_s, 1, rhs2)
+    l_c = gl.expand_dims(tl_s.slice(16, 16).slice(0, 16, dim=1).load(rhs2), 0)    # C, the lower-left block
+    for lvl in gl.static_range(1, LOG2_BT - 1):
+        keep = (k[:, None] >> lvl) == ((n[None, :] >> lvl) ^ 1)
+        m_b = gl.where(o_wb < 2, gl.expand_dims(gl.where(keep, l_0, 0.0), 0),
+                       gl.expand_dims(gl.where(keep, l_1, 0.0), 0))
+        t16 = b_t.to(gl.float16)
+        r16 = b_r.to(gl.float16)
+        x16 = mma_v2(gl.convert_layout(t16, a3), m_b, gl.zeros([4, 16, 16], gl.float32, layout=m3)).to(gl.float16)
+        b_t = mma_v2(gl.convert_layout(x16, a3), gl.convert_layout(gl.permute(r16, (0, 2, 1)), b3), b_t)
+        b_r = mma_v2(gl.convert_layout(r16, a3), gl.convert_layout(gl.permute(x16, (0, 2, 1)), b3), b_r)
+    # the last level: T = [T_0, 0; T_1·C·T_0, T_1]; warp 0 keeps T_0, warp 3 T_1, warp 2 makes the corner
+    t16 = b_t.to(gl.float16)
+    stage = _view(stage_s, gl.float16, [4, 16, 16], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    stage.store(t16)
+    x16 = mma_v2(gl.convert_layout(t16, a3), l_c + gl.zeros([4, 16, 16], gl.float16, layout=b3),
+                 gl.zeros([4, 16, 16], gl.float32, layout=m3))
+    _cta_barrier()                                   # T_0 is in shared memory
+    t_0 = stage.slice(0, 1).load(b3) + gl.zeros([4, 16, 16], gl.float16, layout=b3)    # T_0, in every warp
+    corner = mma_v2(gl.convert_layout(x16.to(gl.float16), a3), t_0, gl.zeros([4, 16, 16], gl.float32, layout=m3))
+    b_t = gl.where((o_w == 0) | (o_w == 3), b_t, gl.where(o_w == 2, corner, 0.0))
+    # batch w = 2·(row block) + (column block): the 32 × 32 matrix without moving data
+    return gl.reshape(gl.permute(gl.reshape(b_t, [2, 2, 16, 16]), (0, 2, 1, 3)), [BT, BT])
 
 
 @gluon.jit
@@ -421,7 +460,8 @@ def _chunk_prepare_gluon_kernel(
     # the doubling waited for its products); Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ.
     if T_FP16:
         b_t = _doubling_fp16(tl_s, th_s, LOG2_BT, BT)
-        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, T_MMA)), 0))
+        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, b_t.type.layout)),
+                                                        0))
         lh_s.slice(0, BT).store(tb_hi)
         ll_s.slice(0, BT).store(tb_lo)
     else:

@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .chunk_prepare_gluon import (
-    LOG2E, T_MMA, _block_decays, _block_operands, _doubling_fp16, _ex2, _masked_l_aqk, _rcp, _row_sq_sums,
+    LOG2E, _block_decays, _block_operands, _doubling_fp16, _ex2, _masked_l_aqk, _rcp, _row_sq_sums,
     _split_bf16, _view, _w_block,
 )
 from .chunk_recurrence_gluon import _chunk_products, _cp_async, _cta_barrier, _opaque, _state_offsets
@@ -151,8 +151,10 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
         aq_s.store(b_x.to(gl.bfloat16))
         tl_s.store(b_x.to(gl.float16))
         _cta_barrier()
-        b_t = _doubling_fp16(tl_s, th_s, LOG2_BT, BT)
-        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, T_MMA)), 0))
+        # (its 2 KB hand-over in q̂⊙e^{G−r}'s rows, read by now and by no other warpgroup: no barrier before)
+        b_t = _doubling_fp16(tl_s, pq_s.index(B0).slice(BT, BT), LOG2_BT, BT)
+        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, b_t.type.layout)),
+                                                        0))
         lh_s.slice(0, BT).store(tb_hi)
         ll_s.slice(0, BT).store(tb_lo)
         er_all.index(P).slice(0, KB).store(e_r0)
