@@ -194,8 +194,12 @@ def _masked_l_aqk(b_la, beta_i, scale, o_r, o_j, is_l, BT: gl.constexpr):
     return gl.where(o_j[None, :] < j_end[:, None], b_la * gl.expand_dims(f_row, 1), 0.0)
 
 
-# The fp16 doubling's layout: a batch of four 16 × 16 mma.sync accumulators, one per warp of the warpgroup.
+# The fp16 doubling's layout: a batch of four 16 × 16 mma.sync accumulators, one per warp of the warpgroup;
+# T_OUT is the same registers seen as the 32 × 32 matrix (warp w: row block w // 2, column block w % 2).
 T_MMA3 = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8]))
+T_OUT = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[[0, 1], [8, 0], [0, 8]],
+                                                lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                                warp_bases=[[0, 16], [16, 0]], block_bases=[], shape=[32, 32]))
 
 
 @gluon.jit
@@ -211,7 +215,7 @@ def _diag_block(tl_s, blk: gl.constexpr, layout: gl.constexpr, TRANSPOSED: gl.co
 def _doubling_fp16(tl_s, stage_s, LOG2_BT: gl.constexpr, BT: gl.constexpr):
     """T = (I + L)^-1 by block doubling, T_2b = T_b + (T_b·M_b)·T_b with M_b = −L on the off-diagonal b-blocks of
     each 2b-block, in fp16 with fp32 sums, from −L in rows 0..BT−1 of tl_s (BT = 32). Returns T [BT, BT] with
-    warp w holding its 16 × 16 tile (row block w // 2, column block w % 2) as an mma.sync accumulator.
+    warp w holding its 16 × 16 tile (row block w // 2, column block w % 2) as an mma.sync accumulator (T_OUT).
 
     While b ≤ 8, T_b is block-diagonal in 16 × 16 blocks and each block doubles on its own: a batch of four
     (warp w: block w // 2), with T_bᵀ carried beside T_b (T_2bᵀ = T_bᵀ + T_bᵀ·Xᵀ: the same products and sums,
@@ -264,7 +268,7 @@ def _doubling_fp16(tl_s, stage_s, LOG2_BT: gl.constexpr, BT: gl.constexpr):
     corner = mma_v2(gl.convert_layout(x16.to(gl.float16), a3), t_0, gl.zeros([4, 16, 16], gl.float32, layout=m3))
     b_t = gl.where((o_w == 0) | (o_w == 3), b_t, gl.where(o_w == 2, corner, 0.0))
     # batch w = 2·(row block) + (column block): the 32 × 32 matrix without moving data
-    return gl.reshape(gl.permute(gl.reshape(b_t, [2, 2, 16, 16]), (0, 2, 1, 3)), [BT, BT])
+    return gl.convert_layout(gl.reshape(gl.permute(gl.reshape(b_t, [2, 2, 16, 16]), (0, 2, 1, 3)), [BT, BT]), T_OUT)
 
 
 @gluon.jit
@@ -460,8 +464,7 @@ def _chunk_prepare_gluon_kernel(
     # the doubling waited for its products); Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ.
     if T_FP16:
         b_t = _doubling_fp16(tl_s, th_s, LOG2_BT, BT)
-        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, b_t.type.layout)),
-                                                        0))
+        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, T_OUT)), 0))
         lh_s.slice(0, BT).store(tb_hi)
         ll_s.slice(0, BT).store(tb_lo)
     else:

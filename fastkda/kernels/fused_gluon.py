@@ -11,7 +11,7 @@ outputs and final states are bitwise equal to theirs. Per chunk of BT tokens:
                              Sᵀ ← Sᵀ·diag(gl) + Uᵀ·Kt                                  (stage 2's products)
 
 Three warpgroups (warp specialization). Two producers take alternate chunks of the sequence: each copies
-its chunk's g, k, q and v rows (cp.async, the next chunk's as soon as [L; Aqk] has read the current ones),
+its chunk's g, k, q and v rows (cp.async, the next chunk's once [L; Aqk] has read the current ones),
 does the chunk-local work and leaves its tiles in shared memory of its own. The chain (the program's own
 warps) carries both 64-column halves of Sᵀ in registers, takes the chunks in order, forms −W and runs the
 products. Per producer an mbarrier `ready` (its chunk's tiles are in shared memory) and `free` (the chain is
@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .chunk_prepare_gluon import (
-    LOG2E, _block_decays, _block_operands, _doubling_fp16, _ex2, _masked_l_aqk, _rcp, _row_sq_sums,
+    LOG2E, T_OUT, _block_decays, _block_operands, _doubling_fp16, _ex2, _masked_l_aqk, _rcp, _row_sq_sums,
     _split_bf16, _view, _w_block,
 )
 from .chunk_recurrence_gluon import _chunk_products, _cp_async, _cta_barrier, _opaque, _state_offsets
@@ -54,7 +54,7 @@ def _issue_inputs(c, buf, P: gl.constexpr, B0: gl.constexpr, bos, eos, i_hv, i_h
 
 @gluon.jit
 def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale,
-              lower_bound, in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, l_all, t_all, gl_all, er_all,
+              lower_bound, in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all, er_all,
               v_s, ready, free, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, LOG2_BT: gl.constexpr):
     """Producer P: the chunk-local work of chunks P, P + 2, ... (chunk_prepare_gluon.py's, tiles left in shared
     memory: Qg, Kt, Aqk, tb's halves, the operand k̂⊙e^{G−r} of −W, e^{G_last}, e^r, the values)."""
@@ -69,8 +69,8 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
     B0: gl.constexpr = 2 * P                         # this producer's channel blocks: B0, B0 + 1
     ap_s = ap_all.index(P)
     aq_s = aq_all.index(P)
-    lh_s = l_all.index(2 * P)                        # tb's high half
-    ll_s = l_all.index(2 * P + 1)                    # ... and low half
+    lh_s = lh_all.index(P)                           # tb's high half
+    ll_s = ll_all.index(P)                           # ... and low half (another allocation: no barrier between)
     th_s = t_all.index(2 * P)                        # the doubling's T_b and X, fp16
     tl_s = t_all.index(2 * P + 1)                    # −L, fp16, then as th_s
     gl_s = gl_all.index(P)
@@ -80,7 +80,7 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
     d_g0 = gl.load(dt_bias + i_hv * K + o_kb) * c_g
     d_g1 = gl.load(dt_bias + i_hv * K + KB + o_kb) * c_g
     # β of the first chunk (each next chunk's is loaded beside its input copies)
-    o_row0 = gl.arange(0, 2 * BT, layout=L_TOK)
+    o_row0 = gl.arange(0, 2 * BT, layout=per_row)
     o_tok0 = gl.arange(0, BT, layout=L_TOK)
     t0p = bos + P * BT
     rb_i = gl.load(beta + (t0p + o_row0) * HV + i_hv, mask=(o_row0 < BT) & ((t0p + o_row0) < eos),
@@ -97,14 +97,14 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
         r_in = gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS)) + z
         c_in = gl.arange(0, KB, layout=gl.SliceLayout(0, L_ROWS))
         o_t = gl.arange(0, BT, layout=per_col) + z
-        o_row = gl.arange(0, 2 * BT, layout=L_TOK) + z
+        o_row = gl.arange(0, 2 * BT, layout=per_row) + z    # β's rows where L takes them: no conversion
         o_tok = gl.arange(0, BT, layout=L_TOK) + z
         jj = gl.arange(0, BT, layout=gl.SliceLayout(1, L_BT)) + z
         ii = gl.arange(0, BT, layout=gl.SliceLayout(0, L_BT)) + z
         t0 = bos + c * BT
         m_i = (o_row < BT) & ((t0 + o_row) < eos)
         m_tok = (t0 + o_tok) < eos
-        beta_i = gl.convert_layout(gl.where(m_i, _rcp(1.0 + _ex2(rb_i * -LOG2E)), 0.0), per_row)
+        beta_i = gl.where(m_i, _rcp(1.0 + _ex2(rb_i * -LOG2E)), 0.0)
         beta_j = gl.where(m_tok, _rcp(1.0 + _ex2(rb_j * -LOG2E)), 0.0)
         if (c == P) | (t0 + BT > eos):               # A' changes only for a partial chunk (a sequence's last)
             ap = gl.where(jj[:, None] <= ii[None, :], 0.5, -0.5)
@@ -136,29 +136,26 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
                              gl.zeros([2 * BT, BT], gl.float32, layout=acc), is_async=True)
         b_la = warpgroup_mma(pq_s.index(B0 + 1), in_k.index(B0 + 1).permute((1, 0)), b_la, is_async=True)
         b_la = warpgroup_mma_wait(0, deps=[b_la])
-        _cta_barrier()                               # the inputs and k̂⊙e^{r−G} are read: the next chunk's may come
         t0n = t0 + 2 * BT
         rb_i = gl.load(beta + (t0n + o_row) * HV + i_hv, mask=(o_row < BT) & ((t0n + o_row) < eos),
                        other=0.0).to(gl.float32)
         rb_j = gl.load(beta + (t0n + o_tok) * HV + i_hv, mask=(t0n + o_tok) < eos, other=0.0).to(gl.float32)
-        if c + 2 < n_chunks:
-            _issue_inputs(c + 2, 1 - it % 2, P, B0, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_k, in_q, v_s,
-                          r_in, c_in, K, V, KB, BT)
         o_r = gl.arange(0, 2 * BT, layout=per_row) + _opaque(0)   # made here: from the loop's top on it spilled
         b_x = _masked_l_aqk(b_la, beta_i, scale, o_r, o_t, o_r < BT, BT)
         # Aqk's tile is free since the wait for `free`, L's since the last chunk's doubling; the chain's wgmma
         # reads Aqk after the fence before `ready`, the doubling reads L with ordinary loads: a barrier, no fence
         aq_s.store(b_x.to(gl.bfloat16))
         tl_s.store(b_x.to(gl.float16))
-        _cta_barrier()
+        _cta_barrier()                               # ... and every warp's [L; Aqk] has read its inputs:
+        if c + 2 < n_chunks:                         # the next chunk's may come (~8,000 cycles before they count)
+            _issue_inputs(c + 2, 1 - it % 2, P, B0, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_k, in_q, v_s,
+                          r_in, c_in, K, V, KB, BT)
         # (its 2 KB hand-over in q̂⊙e^{G−r}'s rows, read by now and by no other warpgroup: no barrier before)
         b_t = _doubling_fp16(tl_s, pq_s.index(B0).slice(BT, BT), LOG2_BT, BT)
-        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, b_t.type.layout)),
-                                                        0))
+        tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, T_OUT)), 0))
         lh_s.slice(0, BT).store(tb_hi)
         ll_s.slice(0, BT).store(tb_lo)
-        er_all.index(P).slice(0, KB).store(e_r0)
-        er_all.index(P).slice(KB, KB).store(e_r1)
+        er_all.index(P).store(gl.reshape(gl.permute(gl.join(e_r0, e_r1), (1, 0)), [K]))   # one store: no barrier
         fence_async_shared()
         _cta_barrier()
         mbarrier.arrive(ready.index(P), count=1)
@@ -175,7 +172,7 @@ def _store_output(o_s, b_o, o, rows, i_hv, HV, o_vo, V: gl.constexpr, L_O: gl.co
 
 @gluon.jit
 def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, s_state_v: gl.constexpr, qg_all,
-           kt_all, aq_all, pq_s, l_all, w_all, gl_all, er_all, v_s, o_s, ready, free, K: gl.constexpr,
+           kt_all, aq_all, pq_s, lh_all, ll_all, w_all, gl_all, er_all, v_s, o_s, ready, free, K: gl.constexpr,
            V: gl.constexpr, BT: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """The chain (the program's own warpgroup): both 64-column halves of Sᵀ through the chunks in order, −W of
     each chunk first; the outputs; the final state (its layout's strides compile-time: vector loads and
@@ -204,8 +201,8 @@ def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, 
         o_to = gl.arange(0, BT, layout=gl.SliceLayout(1, L_O)) + _opaque(0)
         o_v0 = gl.arange(0, BV, layout=gl.SliceLayout(0, L_O))
         mbarrier.wait(ready.index(p), (c // 2) & 1)
-        lh_s = l_all.index(2 * p)
-        ll_s = l_all.index(2 * p + 1)
+        lh_s = lh_all.index(p)
+        ll_s = ll_all.index(p)
         for h in gl.static_range(2):
             _w_block(2 * p + h, er_all.index(p).slice(h * 64, 64).load(gl.SliceLayout(1, acc_t)), pq_s, lh_s, ll_s,
                      w_all, BT, 64, acc_t)
@@ -262,7 +259,8 @@ def _fused_kernel(q, k, v, g, beta, A_log, dt_bias, h0, ht, o, cu_seqlens, seq_o
     pq_s = gl.allocate_shared_memory(gl.bfloat16, [4, 2 * BT, KB], sw_k)  # [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
     ap_all = gl.allocate_shared_memory(gl.float16, [2, BT, BT], sw_t)     # A'ᵀ
     aq_all = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)   # [−L; Aqk] (Aqk read)
-    l_all = gl.allocate_shared_memory(gl.bfloat16, [4, 2 * BT, BT], sw_t)    # tb's halves
+    lh_all = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BT], sw_t)    # tb's high halves
+    ll_all = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BT], sw_t)    # ... and low halves
     t_all = gl.allocate_shared_memory(gl.float16, [4, 2 * BT, BT], sw_t)     # T_b, L
     w_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)     # −W (the chain's)
     qg_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
@@ -281,11 +279,11 @@ def _fused_kernel(q, k, v, g, beta, A_log, dt_bias, h0, ht, o, cu_seqlens, seq_o
     # tensors)
     gl.warp_specialize([
         (_chain, (n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, S_STATE_K, S_STATE_V, qg_all, kt_all, aq_all, pq_s,
-                  l_all, w_all, gl_all, er_all, v_s, o_s, ready, free, K, V, BT, HAS_H0, STORE_HT)),
+                  lh_all, ll_all, w_all, gl_all, er_all, v_s, o_s, ready, free, K, V, BT, HAS_H0, STORE_HT)),
         (_producer, (0, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale, lower_bound,
-                     in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, l_all, t_all, gl_all, er_all, v_s,
+                     in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all, er_all, v_s,
                      ready, free, K, V, BT, LOG2_BT)),
         (_producer, (1, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale, lower_bound,
-                     in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, l_all, t_all, gl_all, er_all, v_s,
+                     in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all, er_all, v_s,
                      ready, free, K, V, BT, LOG2_BT)),
     ], [4, 4], [PRODUCER_REGS, PRODUCER_REGS])
