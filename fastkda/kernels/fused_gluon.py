@@ -71,8 +71,7 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
     aq_s = aq_all.index(P)
     lh_s = lh_all.index(P)                           # tb's high half
     ll_s = ll_all.index(P)                           # ... and low half (another allocation: no barrier between)
-    th_s = t_all.index(2 * P)                        # the doubling's T_b and X, fp16
-    tl_s = t_all.index(2 * P + 1)                    # −L, fp16, then as th_s
+    tl_s = t_all.index(2 * P + 1)                    # −L, fp16: the doubling's input (t_all[2P]: unused)
     gl_s = gl_all.index(P)
 
     c_g = -LOG2E * gl.exp(gl.load(A_log + i_hv))
@@ -261,7 +260,7 @@ def _fused_kernel(q, k, v, g, beta, A_log, dt_bias, h0, ht, o, cu_seqlens, seq_o
     aq_all = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)   # [−L; Aqk] (Aqk read)
     lh_all = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BT], sw_t)    # tb's high halves
     ll_all = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BT], sw_t)    # ... and low halves
-    t_all = gl.allocate_shared_memory(gl.float16, [4, 2 * BT, BT], sw_t)     # T_b, L
+    t_all = gl.allocate_shared_memory(gl.float16, [4, 2 * BT, BT], sw_t)     # −L (odd indices)
     w_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)     # −W (the chain's)
     qg_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
     kt_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
