@@ -19,7 +19,7 @@ done with them); a producer waits for `free` only before its first write of a ti
 input copies and the first half of its gate work overlap the chain. The −W products sit in the chain
 because the chain, not the producers, has time to spare: with them in the producers the fused forward
 broke even with the two stages, in the chain it runs 2–7% faster on packed sequences (docs/perf-notes.md,
-session 17). 215 KB of shared memory: one program per SM, so the kernel pays where its waves of (sequence,
+session 17). 207 KB of shared memory: one program per SM, so the kernel pays where its waves of (sequence,
 head) programs fill the SMs and sequences are not short (kernels.fused_by_rule).
 """
 
