@@ -173,13 +173,14 @@ def check_cu_seqlens(cu_seqlens, p: Problem, device: torch.device, cu_seqlens_cp
         vals = values.tolist()
         if vals[0] != 0:
             raise ValueError(f"cu_seqlens: expected to start at 0, got {vals[0]}")
+        max_seqlen = 0
         for i in range(1, len(vals)):
             if vals[i] < vals[i - 1]:
                 raise ValueError(f"cu_seqlens: expected non-decreasing values, got {vals[i - 1]} then {vals[i]} "
                                  f"at index {i}")
+            max_seqlen = max(max_seqlen, vals[i] - vals[i - 1])
         if vals[-1] != p.T:
             raise ValueError(f"cu_seqlens: expected to end at the token count T={p.T}, got {vals[-1]}")
-        max_seqlen = max(b - a for a, b in zip(vals, vals[1:]))
     return Problem(B=p.B, T=p.T, H=p.H, HV=p.HV, K=p.K, V=p.V, N=cu.numel() - 1, varlen=True,
                    max_seqlen=max_seqlen)
 
