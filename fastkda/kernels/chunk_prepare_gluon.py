@@ -212,6 +212,12 @@ def _diag_block(tl_s, blk: gl.constexpr, layout: gl.constexpr, TRANSPOSED: gl.co
 
 
 @gluon.jit
+def _t2_block(tl_s, blk: gl.constexpr, eye, pair, layout: gl.constexpr, TRANSPOSED: gl.constexpr = False):
+    """T_2 = I − L on the 2 × 2 diagonal blocks of −L's diagonal block blk (or of its transpose), batch-ready."""
+    return gl.expand_dims(eye + gl.where(pair, _diag_block(tl_s, blk, layout, TRANSPOSED).to(gl.float32), 0.0), 0)
+
+
+@gluon.jit
 def _doubling_fp16(tl_s, stage_s, LOG2_BT: gl.constexpr, BT: gl.constexpr):
     """T = (I + L)^-1 by block doubling, T_2b = T_b + (T_b·M_b)·T_b with M_b = −L on the off-diagonal b-blocks of
     each 2b-block, in fp16 with fp32 sums, from −L in rows 0..BT−1 of tl_s (BT = 32). Returns T [BT, BT] with
@@ -240,11 +246,8 @@ def _doubling_fp16(tl_s, stage_s, LOG2_BT: gl.constexpr, BT: gl.constexpr):
     # T_2 = I − L on the 2 × 2 diagonal blocks, and its transpose
     eye = gl.where(r[:, None] == c[None, :], 1.0, 0.0)
     pair = (r[:, None] // 2) == (c[None, :] // 2)
-    b_t = gl.where(o_w < 2, gl.expand_dims(eye + gl.where(pair, _diag_block(tl_s, 0, acc2).to(gl.float32), 0.0), 0),
-                   gl.expand_dims(eye + gl.where(pair, _diag_block(tl_s, 1, acc2).to(gl.float32), 0.0), 0))
-    b_r = gl.where(o_w < 2,
-                   gl.expand_dims(eye + gl.where(pair, _diag_block(tl_s, 0, acc2, True).to(gl.float32), 0.0), 0),
-                   gl.expand_dims(eye + gl.where(pair, _diag_block(tl_s, 1, acc2, True).to(gl.float32), 0.0), 0))
+    b_t = gl.where(o_w < 2, _t2_block(tl_s, 0, eye, pair, acc2), _t2_block(tl_s, 1, eye, pair, acc2))
+    b_r = gl.where(o_w < 2, _t2_block(tl_s, 0, eye, pair, acc2, True), _t2_block(tl_s, 1, eye, pair, acc2, True))
     l_0 = _diag_block(tl_s, 0, rhs2)
     l_1 = _diag_block(tl_s, 1, rhs2)
     l_c = gl.expand_dims(tl_s.slice(16, 16).slice(0, 16, dim=1).load(rhs2), 0)    # C, the lower-left block
