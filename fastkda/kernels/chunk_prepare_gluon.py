@@ -90,13 +90,6 @@ def _split_bf16(x):
 
 
 @gluon.jit
-def _row_sq_sums(smem, L_ROWS: gl.constexpr):
-    """|row|² of each row of a [rows, KB] shared tile (a row's channels sit in one warp: no cross-warp sums)."""
-    x = smem.load(L_ROWS).to(gl.float32)
-    return gl.sum(x * x, 1)
-
-
-@gluon.jit
 def _store_rows(dst, row_stride, smem, R: gl.constexpr, C: gl.constexpr, L_ROWS: gl.constexpr):
     """The [R, C] shared tile to global rows dst[r * row_stride + c] in 16-byte pieces."""
     r = gl.arange(0, R, layout=gl.SliceLayout(1, L_ROWS))
@@ -169,19 +162,19 @@ def _block_operands(b_d, e_r, q_src, k_src, pq_blk, qg_dst, kneg_dst, kt_dst, in
 
 
 @gluon.jit
-def _channel_block(h, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, o_t, gl_ptr, i_c, i_hv, HV,
+def _channel_block(h, in_g, in_kq, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, o_t, gl_ptr, i_c, i_hv, HV,
                    scale, lower_bound, K: gl.constexpr, KB: gl.constexpr, BT: gl.constexpr,
                    USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
                    acc: gl.constexpr, a_op: gl.constexpr):
     """The element-wise work of channels h·KB .. (h + 1)·KB − 1, channel-major [KB, BT]: the decays, the
-    operands of [L; Aqk] into pq_s[h] (k̂⊙e^{G−r}; q̂⊙e^{G−r}) and in_k[h] (k̂⊙e^{r−G}), Qg into in_g[h], Kt
-    into in_q[h], gl to global. Returns e^r of these channels (W's factor)."""
+    operands of [L; Aqk] into pq_s[h] (k̂⊙e^{G−r}; q̂⊙e^{G−r}) and k's tile in_kq[2h] (k̂⊙e^{r−G}), Qg into
+    in_g[h], Kt into q's tile in_kq[2h + 1], gl to global. Returns e^r of these channels (W's factor)."""
     o_c = h * KB + gl.arange(0, KB, layout=gl.SliceLayout(1, acc))
     b_d, r_ref = _block_decays(h, in_g, ap_s, c_g, d_g, o_t, lower_bound, KB, BT, USE_GATE, HAS_DT_BIAS, acc, a_op)
     e_r = _ex2(r_ref)
     gl.store(gl_ptr + (i_c * HV + i_hv) * K + o_c, _ex2(2.0 * r_ref))             # e^{G_last}
-    _block_operands(b_d, e_r, in_q.index(h), in_k.index(h), pq_s.index(h), in_g.index(h), in_k.index(h),
-                    in_q.index(h), inv_nk, inv_nq, scale, BT, USE_L2NORM, acc, a_op)
+    _block_operands(b_d, e_r, in_kq.index(2 * h + 1), in_kq.index(2 * h), pq_s.index(h), in_g.index(h),
+                    in_kq.index(2 * h), in_kq.index(2 * h + 1), inv_nk, inv_nq, scale, BT, USE_L2NORM, acc, a_op)
     return e_r
 
 
@@ -200,6 +193,39 @@ T_MMA3 = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4
 T_OUT = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[[0, 1], [8, 0], [0, 8]],
                                                 lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
                                                 warp_bases=[[0, 16], [16, 0]], block_bases=[], shape=[32, 32]))
+
+
+@gluon.jit
+def _inv_norms(kq, first: gl.constexpr, nrm, slot: gl.constexpr, NKB: gl.constexpr, BT: gl.constexpr,
+               KB: gl.constexpr, per_col: gl.constexpr):
+    """1 / sqrt(|k_t|² + 1e-6) and 1 / sqrt(|q_t|² + 1e-6) of the chunk's tokens, in the per-token layout
+    per_col, from the [BT, KB] shared tiles kq[first ..]: channel block h's k rows at first + 2h, its q rows
+    at first + 2h + 1.
+
+    |row|² is the diagonal of the Gram matrix [k; q]·[k; q]ᵀ. Warp w takes rows 16w .. 16w + 15 (k's token
+    halves, then q's) and makes its 16 × 16 diagonal block on mma.sync, summed over the channel blocks (bf16
+    products exact, fp32 sums); the right operand is the left one's registers read transposed. The diagonals
+    meet in nrm[slot] (nrm: [slots, 2·BT] fp32): one barrier. (Row sums in a blocked layout took a shuffle
+    chain per row and two layout conversions through shared memory: ~240 instructions per warp against ~130;
+    docs/perf-notes.md, session 21.)"""
+    gl.static_assert(BT == 32, "the Gram blocks are written for BT = 32")
+    m3: gl.constexpr = T_MMA3
+    a3: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=m3, k_width=2)
+    b3: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=m3, k_width=2)
+    sw3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+    # the allocation as 16-row groups: the same bytes and swizzle (a view of a slice of it does not compile)
+    rows16 = _view(kq, gl.bfloat16, [2 * kq.shape[0], 16, KB], sw3)
+    gram = gl.zeros([4, 16, 16], gl.float32, layout=m3)
+    for h in gl.static_range(NKB):
+        x = rows16.slice(2 * (first + 2 * h), 4).load(a3)             # [k; q] of block h, 16 rows per warp
+        gram = mma_v2(x, gl.convert_layout(gl.permute(x, (0, 2, 1)), b3), gram)
+    r = gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(0, m3)))
+    c = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(0, m3)))
+    sq = gl.sum(gl.where(gl.expand_dims(r[:, None] == c[None, :], 0), gram, 0.0), 1)
+    nrm16 = _view(nrm, gl.float32, [4 * nrm.shape[0], 16], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    nrm16.slice(4 * slot, 4).store(gl.rsqrt(sq + 1e-6))
+    _cta_barrier()
+    return nrm.index(slot).slice(0, BT).load(per_col), nrm.index(slot).slice(BT, BT).load(per_col)
 
 
 @gluon.jit
@@ -275,15 +301,15 @@ def _doubling_fp16(tl_s, stage_s, LOG2_BT: gl.constexpr, BT: gl.constexpr):
 
 
 @gluon.jit
-def _w_block(h, e_r, pq_s, tbh_s, tbl_s, w_s, BT: gl.constexpr, KB: gl.constexpr, acc: gl.constexpr):
-    """−W of channels h·KB .. (h + 1)·KB − 1 into w_s[h]: Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ · e^r, with the high
-    and low halves of T·diag(β) in tbh_s and tbl_s."""
-    kpos_t = pq_s.index(h).slice(0, BT).permute((1, 0))
+def _w_block(pq_blk, e_r, tbh_s, tbl_s, w_dst, BT: gl.constexpr, KB: gl.constexpr, acc: gl.constexpr):
+    """−W of one channel block into w_dst: Wᵀ = (k̂⊙e^{G−r})ᵀ·(T·diag(β))ᵀ · e^r, with k̂⊙e^{G−r} in rows
+    0..BT−1 of pq_blk and the high and low halves of T·diag(β) in tbh_s and tbl_s."""
+    kpos_t = pq_blk.slice(0, BT).permute((1, 0))
     b_w = warpgroup_mma(kpos_t, tbh_s.slice(0, BT).permute((1, 0)), gl.zeros([KB, BT], gl.float32, layout=acc),
                         is_async=True)
     b_w = warpgroup_mma(kpos_t, tbl_s.slice(0, BT).permute((1, 0)), b_w, is_async=True)
     b_w = warpgroup_mma_wait(0, deps=[b_w])
-    w_s.index(h).store(gl.permute((b_w * gl.expand_dims(-e_r, 1)).to(gl.bfloat16), (1, 0)))
+    w_dst.store(gl.permute((b_w * gl.expand_dims(-e_r, 1)).to(gl.bfloat16), (1, 0)))
 
 
 @gluon.jit
@@ -331,15 +357,16 @@ def _chunk_prepare_gluon_kernel(
     L_TOK: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])                                  # a token per lane
     sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     sw_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
-    # The chunk's g, k, q rows land in in_g, in_k, in_q, which later hold Qg, k̂⊙e^{r−G} and Kt, then −W
-    # (in_q). Every buffer is allocated here, for the whole program, and reused by hand: with K = 128 the
-    # doubling's tiles are views of in_g (L, later T·diag(β): high and low halves) and in_q (T_b's halves),
-    # 42 KB in all (five programs per SM). Only buffers that no product reads are reused: letting the
-    # compiler reuse the space of a product's operand for another operand (same address, two descriptors)
-    # gave wrong products on the device (docs/perf-notes.md, session 7).
+    # The chunk's g rows land in in_g, its k and q rows in in_kq (channel block h: k at 2h, q at 2h + 1,
+    # adjacent for the norms' Gram blocks); later in_g holds Qg, in_kq k̂⊙e^{r−G} and Kt, then −W (q's
+    # tiles). Every buffer is allocated here, for the whole program, and reused by hand: with K = 128 the
+    # doubling's tiles are views of in_g (L, later T·diag(β): high and low halves) and of block 1's k and q
+    # tiles (T_b's halves), 43 KB in all (five programs per SM). Only buffers that no product reads are
+    # reused: letting the compiler reuse the space of a product's operand for another operand (same address,
+    # two descriptors) gave wrong products on the device (docs/perf-notes.md, session 7).
     in_g = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
-    in_k = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
-    in_q = gl.allocate_shared_memory(gl.bfloat16, [NKB, BT, KB], sw_k)
+    in_kq = gl.allocate_shared_memory(gl.bfloat16, [2 * NKB, BT, KB], sw_k)
+    nrm_s = gl.allocate_shared_memory(gl.float32, [1, 2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     pq_s = gl.allocate_shared_memory(gl.bfloat16, [NKB, 2 * BT, KB], sw_k)  # [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
     ap_s = gl.allocate_shared_memory(gl.float16 if USE_GATE else gl.bfloat16, [BT, BT], sw_t)   # A'ᵀ
     # The doubling's operands: fp16 where T's entries are bounded by 1 (T_FP16 below), else bf16 halves.
@@ -347,14 +374,16 @@ def _chunk_prepare_gluon_kernel(
     t_dt: gl.constexpr = gl.float16 if T_FP16 else gl.bfloat16
     if NKB == 2:
         l_s = _view(in_g, gl.bfloat16, [2, 2 * BT, BT], sw_t)
-        t_s = _view(in_q, t_dt, [2, 2 * BT, BT], sw_t)
+        t_s = _view(in_kq, t_dt, [4, 2 * BT, BT], sw_t)     # T_b's tiles: 2, 3 (block 1's k and q)
+        T_AT: gl.constexpr = 2
     else:
         l_s = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)
         t_s = gl.allocate_shared_memory(t_dt, [2, 2 * BT, BT], sw_t)
+        T_AT: gl.constexpr = 0
     lh_s = l_s.index(0)          # [2·BT, BT] tiles (rows BT.. zero); the products read rows 0..BT−1
     ll_s = l_s.index(1)
-    th_s = t_s.index(0)
-    tl_s = t_s.index(1)          # with T_FP16: L in fp16
+    th_s = t_s.index(T_AT)
+    tl_s = t_s.index(T_AT + 1)          # with T_FP16: L in fp16
 
     # Inputs by cp.async in 16-byte pieces, padding rows zero-filled.
     r_in = gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS))
@@ -363,8 +392,9 @@ def _chunk_prepare_gluon_kernel(
     m_in = (tok_in < eos)[:, None]
     for h in gl.static_range(NKB):
         _cp_async(in_g.index(h), g + (tok_in * HV + i_hv)[:, None] * K + (h * KB + c_in)[None, :], mask=m_in)
-        _cp_async(in_k.index(h), k + (tok_in * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m_in)
-        _cp_async(in_q.index(h), q + (tok_in * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m_in)
+        _cp_async(in_kq.index(2 * h), k + (tok_in * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m_in)
+        _cp_async(in_kq.index(2 * h + 1), q + (tok_in * H + i_h)[:, None] * K + (h * KB + c_in)[None, :],
+                  mask=m_in)
     async_copy.commit_group()
 
     # The small inputs, loaded now (their latency hides behind the tiles'; loaded where first needed they
@@ -413,39 +443,34 @@ def _chunk_prepare_gluon_kernel(
     inv_nk = 1.0
     inv_nq = 1.0
     if USE_L2NORM:
-        sq_k = _row_sq_sums(in_k.index(0), L_ROWS)
-        sq_q = _row_sq_sums(in_q.index(0), L_ROWS)
-        if NKB == 2:
-            sq_k += _row_sq_sums(in_k.index(1), L_ROWS)
-            sq_q += _row_sq_sums(in_q.index(1), L_ROWS)
-        inv_nk = gl.convert_layout(gl.rsqrt(sq_k + 1e-6), per_col)
-        inv_nq = gl.convert_layout(gl.rsqrt(sq_q + 1e-6), per_col)
-    e_r0 = _channel_block(0, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g0, o_t, gl_ptr, i_c, i_hv,
+        inv_nk, inv_nq = _inv_norms(in_kq, 0, nrm_s, 0, NKB, BT, KB, per_col)
+    e_r0 = _channel_block(0, in_g, in_kq, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g0, o_t, gl_ptr, i_c, i_hv,
                           HV, scale, lower_bound, K, KB, BT, USE_L2NORM, USE_GATE, HAS_DT_BIAS, acc, a_op)
     e_r1 = e_r0
     if NKB == 2:
-        e_r1 = _channel_block(1, in_g, in_k, in_q, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g1, o_t, gl_ptr, i_c,
+        e_r1 = _channel_block(1, in_g, in_kq, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g1, o_t, gl_ptr, i_c,
                               i_hv, HV, scale, lower_bound, K, KB, BT, USE_L2NORM, USE_GATE, HAS_DT_BIAS, acc, a_op)
     fence_async_shared()
     _cta_barrier()
 
     # [L; Aqk] before masking, while Qg and Kt go out.
-    b_la = warpgroup_mma(pq_s.index(0), in_k.index(0).permute((1, 0)),
+    b_la = warpgroup_mma(pq_s.index(0), in_kq.index(0).permute((1, 0)),
                          gl.zeros([2 * BT, BT], gl.float32, layout=acc), is_async=True)
     if NKB == 2:
-        b_la = warpgroup_mma(pq_s.index(1), in_k.index(1).permute((1, 0)), b_la, is_async=True)
+        b_la = warpgroup_mma(pq_s.index(1), in_kq.index(2).permute((1, 0)), b_la, is_async=True)
     for h in gl.static_range(NKB):
         _tma_store(a1_desc, [2 * row1 + BT, h * KB], in_g.index(h))
-        _tma_store(kt_desc, [row1, h * KB], in_q.index(h))
+        _tma_store(kt_desc, [row1, h * KB], in_kq.index(2 * h + 1))
     b_la = warpgroup_mma_wait(0, deps=[b_la])
 
     # −L and Aqk in one tile; each reader takes its own rows.
     o_j = o_t
     b_x = _masked_l_aqk(b_la, beta_i, scale, o_r, o_j, is_l, BT)
 
-    # T = (I + L)^-1 by block doubling (chunk_prepare.py). Its tiles share in_g and in_q: every thread must
-    # have copied Qg and Kt out first. Aqk (rows BT.. of its tile) goes out through the q half of pq_s's first
-    # block, which no product reads again.
+    # T = (I + L)^-1 by block doubling (chunk_prepare.py). Its tiles share in_g and block 1's k and q tiles
+    # (k̂⊙e^{r−G}, read by the waited product, and Kt): every thread must have copied Qg and Kt out first.
+    # Aqk (rows BT.. of its tile) goes out through the q half of pq_s's first block, which no product reads
+    # again.
     tma.store_wait(0)                                # the copies have read Qg and Kt
     _cta_barrier()
     aq_s = _view(pq_s, gl.bfloat16, [2 * NKB, 2 * BT, BT], sw_t).index(1)
@@ -503,11 +528,12 @@ def _chunk_prepare_gluon_kernel(
     # tb[j, i] = (T·diag(β))[i, j]: the tiles read back transposed (ldmatrix), out as 16-byte rows.
     _store_rows(tb + blk * (2 * BT * BT), BT, lh_s.slice(0, BT).permute((1, 0)), BT, BT, L_BT)
     _store_rows(tb + blk * (2 * BT * BT) + BT * BT, BT, ll_s.slice(0, BT).permute((1, 0)), BT, BT, L_BT)
-    _w_block(0, e_r0, pq_s, lh_s, ll_s, in_q, BT, KB, acc)      # −W staged in in_q (T_b's tiles are free)
+    # −W staged in q's tiles (Kt has gone out; T_b's tiles are free)
+    _w_block(pq_s.index(0), e_r0, lh_s, ll_s, in_kq.index(1), BT, KB, acc)
     if NKB == 2:
-        _w_block(1, e_r1, pq_s, lh_s, ll_s, in_q, BT, KB, acc)
+        _w_block(pq_s.index(1), e_r1, lh_s, ll_s, in_kq.index(3), BT, KB, acc)
     fence_async_shared()
     _cta_barrier()
     for h in gl.static_range(NKB):
-        _tma_store(a1_desc, [2 * row1, h * KB], in_q.index(h))
+        _tma_store(a1_desc, [2 * row1, h * KB], in_kq.index(2 * h + 1))
     tma.store_wait(0)                                # shared memory stays until the copies have read it

@@ -19,7 +19,7 @@ done with them); a producer waits for `free` only before its first write of a ti
 input copies and the first half of its gate work overlap the chain. The −W products sit in the chain
 because the chain, not the producers, has time to spare: with them in the producers the fused forward
 broke even with the two stages, in the chain it runs 2–7% faster on packed sequences (docs/perf-notes.md,
-session 17). 207 KB of shared memory: one program per SM, so the kernel pays where its waves of (sequence,
+session 17). 208 KB of shared memory: one program per SM, so the kernel pays where its waves of (sequence,
 head) programs fill the SMs and sequences are not short (kernels.fused_by_rule).
 """
 
@@ -30,32 +30,47 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .chunk_prepare_gluon import (
-    LOG2E, T_OUT, _block_decays, _block_operands, _doubling_fp16, _ex2, _masked_l_aqk, _rcp, _row_sq_sums,
+    LOG2E, T_OUT, _block_decays, _block_operands, _doubling_fp16, _ex2, _inv_norms, _masked_l_aqk, _rcp,
     _split_bf16, _view, _w_block,
 )
 from .chunk_recurrence_gluon import _chunk_products, _cp_async, _cta_barrier, _opaque, _state_offsets
 
 
 @gluon.jit
-def _issue_inputs(c, buf, P: gl.constexpr, B0: gl.constexpr, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_k,
-                  in_q, v_s, r_in, c_in, K: gl.constexpr, V: gl.constexpr, KB: gl.constexpr, BT: gl.constexpr):
-    """cp.async of chunk c's g, k, q rows (into producer P's input tiles B0, B0 + 1) and v rows (into its value
-    buffer buf), padding rows zero."""
-    tok = bos + c * BT + r_in
-    m = (tok < eos)[:, None]
-    for h in gl.static_range(2):
-        _cp_async(in_g.index(B0 + h), g + (tok * HV + i_hv)[:, None] * K + (h * KB + c_in)[None, :], mask=m)
-        _cp_async(in_k.index(B0 + h), k + (tok * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m)
-        _cp_async(in_q.index(B0 + h), q + (tok * H + i_h)[:, None] * K + (h * KB + c_in)[None, :], mask=m)
-        _cp_async(v_s.index(4 * P + 2 * buf + h), v + (tok * HV + i_hv)[:, None] * V + (h * KB + c_in)[None, :],
-                  mask=m)
+def _issue_inputs(c, buf, P: gl.constexpr, B0: gl.constexpr, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_kq,
+                  v_s, z, K: gl.constexpr, V: gl.constexpr, KB: gl.constexpr, BT: gl.constexpr):
+    """cp.async of chunk c's g rows (into producer P's input tiles B0, B0 + 1), k and q rows (its tiles
+    2·B0 .. 2·B0 + 3 of in_kq: k and q of block B0, then of B0 + 1) and v rows (its value buffer buf), padding
+    rows zero. One copy per allocation: the compiler puts a barrier before a second write into an allocation
+    since the last barrier. z: an opaque zero (index vectors made from it are not kept live across the loop)."""
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (KB // 8), KB // 8], [1, 4, 1], [2, 1, 0])
+    t = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None]
+    hh = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None]
+    tok = bos + c * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None] + z
+    ch = gl.arange(0, KB, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]
+    # the allocations seen as rank-3 tiles (the same bytes and swizzle: a slice of a multi-tile allocation
+    # does not compile as a copy's destination)
+    sw3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+    kq3 = _view(in_kq, gl.bfloat16, [8, BT, KB], sw3)
+    g3 = _view(in_g, gl.bfloat16, [4, BT, KB], sw3)
+    v3 = _view(v_s, gl.bfloat16, [8, BT, KB], sw3)
+    m4 = (tok < eos) & (t < 4) & (ch < KB)                          # [4, BT, KB]: padding rows zero
+    m2 = (tok < eos) & (hh < 2) & (ch < KB)
+    kq_off = (tok * H + i_h) * K + (t // 2) * KB + ch               # tile t: k (even) or q (odd) of block t // 2
+    _cp_async(kq3.slice(2 * B0, 4), gl.where(t % 2 == 0, k + kq_off, q + kq_off), mask=m4)
+    _cp_async(g3.slice(B0, 2), g + (tok * HV + i_hv) * K + hh * KB + ch, mask=m2)
+    v_ptr = v + (tok * HV + i_hv) * V + hh * KB + ch
+    if buf == 0:                                     # (a slice's start must be a compile-time value)
+        _cp_async(v3.slice(4 * P, 2), v_ptr, mask=m2)
+    else:
+        _cp_async(v3.slice(4 * P + 2, 2), v_ptr, mask=m2)
     async_copy.commit_group()
 
 
 @gluon.jit
 def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale,
-              lower_bound, in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all, er_all,
-              v_s, ready, free, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, LOG2_BT: gl.constexpr):
+              lower_bound, in_g, in_kq, nrm_all, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all,
+              er_all, v_s, ready, free, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, LOG2_BT: gl.constexpr):
     """Producer P: the chunk-local work of chunks P, P + 2, ... (chunk_prepare_gluon.py's, tiles left in shared
     memory: Qg, Kt, Aqk, tb's halves, the operand k̂⊙e^{G−r} of −W, e^{G_last}, e^r, the values)."""
     KB: gl.constexpr = 64
@@ -63,7 +78,6 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
     per_row: gl.constexpr = gl.SliceLayout(1, acc)
     per_col: gl.constexpr = gl.SliceLayout(0, acc)
-    L_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (KB // 8), KB // 8], [4, 1], [1, 0])
     L_BT: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BT // 8), BT // 8], [4, 1], [1, 0])
     L_TOK: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     B0: gl.constexpr = 2 * P                         # this producer's channel blocks: B0, B0 + 1
@@ -86,15 +100,11 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
                    other=0.0).to(gl.float32)
     rb_j = gl.load(beta + (t0p + o_tok0) * HV + i_hv, mask=(t0p + o_tok0) < eos, other=0.0).to(gl.float32)
     if P < n_chunks:
-        _issue_inputs(P, 0, P, B0, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_k, in_q, v_s,
-                      gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS)),
-                      gl.arange(0, KB, layout=gl.SliceLayout(0, L_ROWS)), K, V, KB, BT)
+        _issue_inputs(P, 0, P, B0, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_kq, v_s, 0, K, V, KB, BT)
     for c in range(P, n_chunks, 2):
         it = c // 2
         # index vectors from an opaque zero, inside the loop: hoisted out of it they stay live and spill
         z = _opaque(0)
-        r_in = gl.arange(0, BT, layout=gl.SliceLayout(1, L_ROWS)) + z
-        c_in = gl.arange(0, KB, layout=gl.SliceLayout(0, L_ROWS))
         o_t = gl.arange(0, BT, layout=per_col) + z
         o_row = gl.arange(0, 2 * BT, layout=per_row) + z    # β's rows where L takes them: no conversion
         o_tok = gl.arange(0, BT, layout=L_TOK) + z
@@ -113,27 +123,24 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
         fence_async_shared()
         _cta_barrier()                               # the inputs and A'ᵀ are in shared memory
 
-        inv_nk = gl.convert_layout(gl.rsqrt(_row_sq_sums(in_k.index(B0), L_ROWS)
-                                            + _row_sq_sums(in_k.index(B0 + 1), L_ROWS) + 1e-6), per_col)
-        inv_nq = gl.convert_layout(gl.rsqrt(_row_sq_sums(in_q.index(B0), L_ROWS)
-                                            + _row_sq_sums(in_q.index(B0 + 1), L_ROWS) + 1e-6), per_col)
+        inv_nk, inv_nq = _inv_norms(in_kq, 2 * B0, nrm_all, P, 2, BT, KB, per_col)
         b_d, r_ref = _block_decays(B0, in_g, ap_s, c_g, d_g0, o_t, lower_bound, KB, BT, True, True, acc, a_op)
         e_r0 = _ex2(r_ref)
         mbarrier.wait(free.index(P), (it & 1) ^ 1)   # the chain is done with this producer's previous chunk
         gl_s.slice(0, KB).store(_ex2(2.0 * r_ref))
-        _block_operands(b_d, e_r0, in_q.index(B0), in_k.index(B0), pq_s.index(B0), qg_all.index(B0), in_k.index(B0),
-                        kt_all.index(B0), inv_nk, inv_nq, scale, BT, True, acc, a_op)
+        _block_operands(b_d, e_r0, in_kq.index(2 * B0 + 1), in_kq.index(2 * B0), pq_s.index(B0), qg_all.index(B0),
+                        in_kq.index(2 * B0), kt_all.index(B0), inv_nk, inv_nq, scale, BT, True, acc, a_op)
         b_d, r_ref = _block_decays(B0 + 1, in_g, ap_s, c_g, d_g1, o_t, lower_bound, KB, BT, True, True, acc, a_op)
         e_r1 = _ex2(r_ref)
         gl_s.slice(KB, KB).store(_ex2(2.0 * r_ref))
-        _block_operands(b_d, e_r1, in_q.index(B0 + 1), in_k.index(B0 + 1), pq_s.index(B0 + 1),
-                        qg_all.index(B0 + 1), in_k.index(B0 + 1), kt_all.index(B0 + 1), inv_nk, inv_nq, scale, BT,
+        _block_operands(b_d, e_r1, in_kq.index(2 * B0 + 3), in_kq.index(2 * B0 + 2), pq_s.index(B0 + 1),
+                        qg_all.index(B0 + 1), in_kq.index(2 * B0 + 2), kt_all.index(B0 + 1), inv_nk, inv_nq, scale, BT,
                         True, acc, a_op)
         fence_async_shared()
         _cta_barrier()
-        b_la = warpgroup_mma(pq_s.index(B0), in_k.index(B0).permute((1, 0)),
+        b_la = warpgroup_mma(pq_s.index(B0), in_kq.index(2 * B0).permute((1, 0)),
                              gl.zeros([2 * BT, BT], gl.float32, layout=acc), is_async=True)
-        b_la = warpgroup_mma(pq_s.index(B0 + 1), in_k.index(B0 + 1).permute((1, 0)), b_la, is_async=True)
+        b_la = warpgroup_mma(pq_s.index(B0 + 1), in_kq.index(2 * B0 + 2).permute((1, 0)), b_la, is_async=True)
         b_la = warpgroup_mma_wait(0, deps=[b_la])
         t0n = t0 + 2 * BT
         rb_i = gl.load(beta + (t0n + o_row) * HV + i_hv, mask=(o_row < BT) & ((t0n + o_row) < eos),
@@ -147,8 +154,8 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
         tl_s.store(b_x.to(gl.float16))
         _cta_barrier()                               # ... and every warp's [L; Aqk] has read its inputs:
         if c + 2 < n_chunks:                         # the next chunk's may come (~8,000 cycles before they count)
-            _issue_inputs(c + 2, 1 - it % 2, P, B0, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_k, in_q, v_s,
-                          r_in, c_in, K, V, KB, BT)
+            _issue_inputs(c + 2, 1 - it % 2, P, B0, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_kq, v_s, z, K, V,
+                          KB, BT)
         # (its 2 KB hand-over in q̂⊙e^{G−r}'s rows, read by now and by no other warpgroup: no barrier before)
         b_t = _doubling_fp16(tl_s, pq_s.index(B0).slice(BT, BT), LOG2_BT, BT)
         tb_hi, tb_lo = _split_bf16(b_t * gl.expand_dims(gl.convert_layout(beta_j, gl.SliceLayout(0, T_OUT)), 0))
@@ -203,8 +210,8 @@ def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, 
         lh_s = lh_all.index(p)
         ll_s = ll_all.index(p)
         for h in gl.static_range(2):
-            _w_block(2 * p + h, er_all.index(p).slice(h * 64, 64).load(gl.SliceLayout(1, acc_t)), pq_s, lh_s, ll_s,
-                     w_all, BT, 64, acc_t)
+            _w_block(pq_s.index(2 * p + h), er_all.index(p).slice(h * 64, 64).load(gl.SliceLayout(1, acc_t)), lh_s,
+                     ll_s, w_all.index(2 * p + h), BT, 64, acc_t)
         fence_async_shared()
         _cta_barrier()                               # −W is in shared memory
         vb = 4 * p + 2 * ((c // 2) % 2)
@@ -253,8 +260,8 @@ def _fused_kernel(q, k, v, g, beta, A_log, dt_bias, h0, ht, o, cu_seqlens, seq_o
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     # Per producer P: channel blocks 2P, 2P + 1 of the [BT, 64] tiles; [2·BT, BT] tiles P (or 2P, 2P + 1).
     in_g = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
-    in_k = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)      # later k̂⊙e^{r−G}
-    in_q = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
+    in_kq = gl.allocate_shared_memory(gl.bfloat16, [8, BT, KB], sw_k)     # k (later k̂⊙e^{r−G}), q by turns
+    nrm_all = gl.allocate_shared_memory(gl.float32, [2, 2 * BT], flat)            # the norms
     pq_s = gl.allocate_shared_memory(gl.bfloat16, [4, 2 * BT, KB], sw_k)  # [k̂⊙e^{G−r}; q̂⊙e^{G−r}]
     ap_all = gl.allocate_shared_memory(gl.float16, [2, BT, BT], sw_t)     # A'ᵀ
     aq_all = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)   # [−L; Aqk] (Aqk read)
@@ -280,9 +287,9 @@ def _fused_kernel(q, k, v, g, beta, A_log, dt_bias, h0, ht, o, cu_seqlens, seq_o
         (_chain, (n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, S_STATE_K, S_STATE_V, qg_all, kt_all, aq_all, pq_s,
                   lh_all, ll_all, w_all, gl_all, er_all, v_s, o_s, ready, free, K, V, BT, HAS_H0, STORE_HT)),
         (_producer, (0, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale, lower_bound,
-                     in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all, er_all, v_s,
-                     ready, free, K, V, BT, LOG2_BT)),
+                     in_g, in_kq, nrm_all, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all, er_all,
+                     v_s, ready, free, K, V, BT, LOG2_BT)),
         (_producer, (1, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale, lower_bound,
-                     in_g, in_k, in_q, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all, er_all, v_s,
-                     ready, free, K, V, BT, LOG2_BT)),
+                     in_g, in_kq, nrm_all, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all, er_all,
+                     v_s, ready, free, K, V, BT, LOG2_BT)),
     ], [4, 4], [PRODUCER_REGS, PRODUCER_REGS])
