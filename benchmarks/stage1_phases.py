@@ -58,7 +58,8 @@ _AFTER = (
     ("    b_la = warpgroup_mma_wait(0, deps=[b_la])\n", "    _stamp(prof + i_c * {S}, 3, i_hv == 0)\n"),
     ("    _tma_store(aqk_desc, [row1, 0], aq_s.slice(BT, BT))\n", "    _stamp(prof + i_c * {S}, 4, i_hv == 0)\n"),
     ("        b_t = _doubling_fp16(tl_s, th_s, LOG2_BT, BT)\n", "        _stamp(prof + i_c * {S}, 5, i_hv == 0)\n"),
-    ("        _tma_store(a1_desc, [2 * row1, h * KB], in_q.index(h))\n", "    _stamp(prof + i_c * {S}, 6, i_hv == 0)\n"),
+    ("        _tma_store(a1_desc, [2 * row1, h * KB], in_kq.index(2 * h + 1))\n",
+     "    _stamp(prof + i_c * {S}, 6, i_hv == 0)\n"),
     ("    tma.store_wait(0)                                # shared memory stays until the copies have read it\n",
      "    _cta_barrier()\n    _stamp(prof + i_c * {S}, 7, i_hv == 0)\n"),
 )
