@@ -54,7 +54,8 @@ def _issue_inputs(c, buf, P: gl.constexpr, B0: gl.constexpr, bos, eos, i_hv, i_h
     kq3 = _view(in_kq, gl.bfloat16, [8, BT, KB], sw3)
     g3 = _view(in_g, gl.bfloat16, [4, BT, KB], sw3)
     v3 = _view(v_s, gl.bfloat16, [8, BT, KB], sw3)
-    m4 = (tok < eos) & (t < 4) & (ch < KB)                          # [4, BT, KB]: padding rows zero
+    # padding rows zero; the always-true terms give each mask its tile's shape ([4 or 2, BT, KB])
+    m4 = (tok < eos) & (t < 4) & (ch < KB)
     m2 = (tok < eos) & (hh < 2) & (ch < KB)
     kq_off = (tok * H + i_h) * K + (t // 2) * KB + ch               # tile t: k (even) or q (odd) of block t // 2
     _cp_async(kq3.slice(2 * B0, 4), gl.where(t % 2 == 0, k + kq_off, q + kq_off), mask=m4)
