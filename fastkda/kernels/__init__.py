@@ -446,7 +446,7 @@ def fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm: bool, use_gate: boo
 def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
                   max_seqlen: Optional[int] = None) -> bool:
     """Whether the fused kernel runs (where it applies). It runs one program per (sequence, head), each alone on
-    its SM (208 KB of shared memory) and as long as its sequence: its time is its waves of programs times one
+    its SM (200 KB of shared memory) and as long as its sequence: its time is its waves of programs times one
     sequence's chunks (~2.9 µs each on the H200), however full the waves are. The two stages spread the same
     work over every SM, at ~1.3 µs per chunk on a sequence's chain. So, with sequences of FUSED_MIN_TOKENS or
     more on average:

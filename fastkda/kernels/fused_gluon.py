@@ -19,7 +19,7 @@ done with them); a producer waits for `free` only before its first write of a ti
 input copies and the first half of its gate work overlap the chain. The −W products sit in the chain
 because the chain, not the producers, has time to spare: with them in the producers the fused forward
 broke even with the two stages, in the chain it runs 2–7% faster on packed sequences (docs/perf-notes.md,
-session 17). 208 KB of shared memory: one program per SM, so the kernel pays where its waves of (sequence,
+session 17). 200 KB of shared memory: one program per SM, so the kernel pays where its waves of (sequence,
 head) programs fill the SMs and sequences are not short (kernels.fused_by_rule).
 """
 
@@ -86,7 +86,7 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
     aq_s = aq_all.index(P)
     lh_s = lh_all.index(P)                           # tb's high half
     ll_s = ll_all.index(P)                           # ... and low half (another allocation: no barrier between)
-    tl_s = t_all.index(2 * P + 1)                    # −L, fp16: the doubling's input (t_all[2P]: unused)
+    tl_s = t_all.index(P)                            # −L, fp16: the doubling's input
     gl_s = gl_all.index(P)
 
     c_g = -LOG2E * gl.exp(gl.load(A_log + i_hv))
@@ -268,7 +268,7 @@ def _fused_kernel(q, k, v, g, beta, A_log, dt_bias, h0, ht, o, cu_seqlens, seq_o
     aq_all = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * BT, BT], sw_t)   # [−L; Aqk] (Aqk read)
     lh_all = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BT], sw_t)    # tb's high halves
     ll_all = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BT], sw_t)    # ... and low halves
-    t_all = gl.allocate_shared_memory(gl.float16, [4, 2 * BT, BT], sw_t)     # −L (odd indices)
+    t_all = gl.allocate_shared_memory(gl.float16, [2, 2 * BT, BT], sw_t)     # −L
     w_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)     # −W (the chain's)
     qg_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
     kt_all = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KB], sw_k)
