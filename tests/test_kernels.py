@@ -474,6 +474,8 @@ def test_wide_stage2_by_rule(monkeypatch):
 @pytest.mark.parametrize("lens,B,T,H,HV,with_h0,state,state_v_first,final,cu_dtype", [
     ((5, 70, 0, 33, 1, 96, 300), None, None, 2, 2, True, torch.float32, True, True, torch.int32),
     ((64, 129, 0), None, None, 2, 4, False, torch.float32, False, True, torch.int64),   # GVA, K-first, no h0
+    ((33, 100, 33, 0, 100, 1, 33), None, None, 2, 2, True, torch.float32, True, True, torch.int32),   # equal lengths
+    ((40, 7) * 20, None, None, 1, 1, True, torch.float32, True, True, torch.int64),   # 40 sequences, equal lengths
     (None, 3, 100, 3, 3, True, torch.bfloat16, True, True, None),     # fixed length, bf16 states in and out
     (None, 2, 1000, 1, 2, True, torch.float32, True, False, None),    # no final state
 ])
