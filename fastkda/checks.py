@@ -170,19 +170,39 @@ def check_cu_seqlens(cu_seqlens, p: Problem, device: torch.device, cu_seqlens_cp
     elif cu.device.type == "cpu" or _strict:
         values = cu
     if values is not None:
-        vals = values.tolist()
-        if vals[0] != 0:
-            raise ValueError(f"cu_seqlens: expected to start at 0, got {vals[0]}")
-        max_seqlen = 0
-        for i in range(1, len(vals)):
-            if vals[i] < vals[i - 1]:
-                raise ValueError(f"cu_seqlens: expected non-decreasing values, got {vals[i - 1]} then {vals[i]} "
-                                 f"at index {i}")
-            max_seqlen = max(max_seqlen, vals[i] - vals[i - 1])
-        if vals[-1] != p.T:
-            raise ValueError(f"cu_seqlens: expected to end at the token count T={p.T}, got {vals[-1]}")
+        max_seqlen = _cu_seqlens_values(values, p.T)
     return Problem(B=p.B, T=p.T, H=p.H, HV=p.HV, K=p.K, V=p.V, N=cu.numel() - 1, varlen=True,
                    max_seqlen=max_seqlen)
+
+
+# Up to this many sequences the values are walked in Python (a few µs); beyond, tensor operations cost less
+# (10,000 sequences: ~3 ms walked, ~30 µs as tensor operations on the host).
+_CU_SEQLENS_WALK_MAX = 256
+
+
+def _cu_seqlens_values(values: torch.Tensor, T: int) -> int:
+    """Checks the offsets' values (from 0, non-decreasing, ending at T); returns the longest sequence."""
+    if values.numel() <= _CU_SEQLENS_WALK_MAX + 1:
+        vals = values.tolist()
+        lengths = [vals[i] - vals[i - 1] for i in range(1, len(vals))]
+        first_bad = next((i for i, n in enumerate(lengths, 1) if n < 0), None)
+    else:
+        vals_t = values.to("cpu", torch.int64)
+        vals = [int(vals_t[0]), int(vals_t[-1])]
+        diffs = vals_t[1:] - vals_t[:-1]
+        bad = (diffs < 0).nonzero()
+        first_bad = int(bad[0]) + 1 if bad.numel() else None
+        if first_bad is not None:
+            vals = vals_t[:first_bad + 1].tolist()
+        lengths = [int(diffs.max())]
+    if vals[0] != 0:
+        raise ValueError(f"cu_seqlens: expected to start at 0, got {vals[0]}")
+    if first_bad is not None:
+        raise ValueError(f"cu_seqlens: expected non-decreasing values, got {vals[first_bad - 1]} then "
+                         f"{vals[first_bad]} at index {first_bad}")
+    if vals[-1] != T:
+        raise ValueError(f"cu_seqlens: expected to end at the token count T={T}, got {vals[-1]}")
+    return max(lengths)
 
 
 def check_gate_params(A_log, dt_bias, p: Problem, device: torch.device, *, A_log_required: bool) -> None:

@@ -374,6 +374,32 @@ def test_cu_seqlens_cpu_values_are_checked(strict_off, strict):
         checks.check_cu_seqlens(cu, _meta_problem(), dev, cu_seqlens_cpu=[0, 5, 5, 24])
 
 
+@pytest.mark.parametrize("n_seq", [checks._CU_SEQLENS_WALK_MAX, checks._CU_SEQLENS_WALK_MAX + 1, 5000])
+def test_cu_seqlens_values_checked_alike_for_few_and_many_sequences(n_seq):
+    # Up to _CU_SEQLENS_WALK_MAX sequences the offsets are walked in Python, beyond by tensor operations: the
+    # same verdicts, messages and longest sequence either way.
+    gen = torch.Generator().manual_seed(n_seq)
+    lengths = torch.randint(0, 50, (n_seq,), generator=gen)
+    lengths[n_seq // 3] = 77                                       # the longest, somewhere inside
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    T = int(cu[-1])
+    dev = torch.device("meta")
+    meta = torch.empty(n_seq + 1, dtype=torch.int32, device=dev)
+    p = checks.check_cu_seqlens(meta, _meta_problem(T), dev, cu_seqlens_cpu=cu.to(torch.int32))
+    assert p.N == n_seq and p.max_seqlen == 77
+    i = n_seq // 2
+    dec = cu.clone()
+    dec[i] = dec[i - 1] - 1                                        # the first decrease, at index i
+    dec[i + 1:] = dec[i + 1:].clamp(min=int(dec[i]))               # (a later one would not be reported)
+    cases = ((cu + 1, "start at 0, got 1"),
+             (dec, f"non-decreasing values, got {int(dec[i - 1])} then {int(dec[i])} at index {i}"),
+             (torch.cat([cu[:-1], cu[-1:] - 1]), f"end at the token count T={T}, got {T - 1}"))
+    for bad, what in cases:
+        with pytest.raises(ValueError, match="cu_seqlens") as info:
+            checks.check_cu_seqlens(meta, _meta_problem(T), dev, cu_seqlens_cpu=bad)
+        assert what in str(info.value)
+
+
 def test_cu_seqlens_cpu_takes_precedence_in_chunk_kda():
     """chunk_kda reads the values from cu_seqlens_cpu when given (no device sync), so a bad copy is caught."""
     a = varlen_args()
