@@ -184,25 +184,23 @@ def _cu_seqlens_values(values: torch.Tensor, T: int) -> int:
     """Checks the offsets' values (from 0, non-decreasing, ending at T); returns the longest sequence."""
     if values.numel() <= _CU_SEQLENS_WALK_MAX + 1:
         vals = values.tolist()
-        lengths = [vals[i] - vals[i - 1] for i in range(1, len(vals))]
+        lengths = [b - a for a, b in zip(vals, vals[1:])]
         first_bad = next((i for i, n in enumerate(lengths, 1) if n < 0), None)
+        longest = max(lengths)
     else:
-        vals_t = values.to("cpu", torch.int64)
-        vals = [int(vals_t[0]), int(vals_t[-1])]
-        diffs = vals_t[1:] - vals_t[:-1]
-        bad = (diffs < 0).nonzero()
+        vals = values.to("cpu", torch.int64)
+        lengths = vals[1:] - vals[:-1]
+        bad = (lengths < 0).nonzero()
         first_bad = int(bad[0]) + 1 if bad.numel() else None
-        if first_bad is not None:
-            vals = vals_t[:first_bad + 1].tolist()
-        lengths = [int(diffs.max())]
+        longest = int(lengths.max())
     if vals[0] != 0:
-        raise ValueError(f"cu_seqlens: expected to start at 0, got {vals[0]}")
+        raise ValueError(f"cu_seqlens: expected to start at 0, got {int(vals[0])}")
     if first_bad is not None:
-        raise ValueError(f"cu_seqlens: expected non-decreasing values, got {vals[first_bad - 1]} then "
-                         f"{vals[first_bad]} at index {first_bad}")
+        raise ValueError(f"cu_seqlens: expected non-decreasing values, got {int(vals[first_bad - 1])} then "
+                         f"{int(vals[first_bad])} at index {first_bad}")
     if vals[-1] != T:
-        raise ValueError(f"cu_seqlens: expected to end at the token count T={T}, got {vals[-1]}")
-    return max(lengths)
+        raise ValueError(f"cu_seqlens: expected to end at the token count T={T}, got {int(vals[-1])}")
+    return longest
 
 
 def check_gate_params(A_log, dt_bias, p: Problem, device: torch.device, *, A_log_required: bool) -> None:
