@@ -286,6 +286,27 @@ def test_stage1_tma_descriptors_cover_the_outputs_row_by_row(K):
         assert list(desc.block_shape) == block and desc.layout.swizzle_byte_width == swizzle
 
 
+def test_stage1_descriptors_equal_the_checked_constructor(monkeypatch):
+    # With direct launches the descriptors are built without the dataclass's checks (host time): the same
+    # fields as Gluon's checked TensorDescriptor, which accepts them.
+    from fastkda import kernels
+    from fastkda.kernels import direct_launch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    BT, K = kernels.CHUNK_SIZE, 128
+    st = kernels.Stage1(a1=torch.empty(2, 3, 2 * BT, K, dtype=torch.bfloat16), tb=None,
+                        aqk=torch.empty(2, 3, BT, BT, dtype=torch.bfloat16),
+                        kt=torch.empty(2, 3, BT, K, dtype=torch.bfloat16), gl=None, chunk_offsets=None,
+                        seq_order=None, n_chunks=3, N=1)
+    built = {}
+    for direct in (False, True):
+        monkeypatch.setattr(direct_launch, "_direct", direct)
+        built[direct] = kernels._stage1_descriptors(st, K, BT)
+    for name, fast in built[True].items():
+        checked = built[False][name]
+        assert type(fast) is TensorDescriptor and fast == checked and fast.base is checked.base
+        TensorDescriptor(fast.base, fast.shape, fast.strides, fast.block_shape, fast.layout)   # passes its checks
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="windows run on the Gluon kernels (Hopper)")
 @pytest.mark.parametrize("B,T,windows", [(1, 2000, 3), (3, 1024, 4), (2, 96, 2)])
 @pytest.mark.parametrize("in_place", [False, True])
@@ -553,7 +574,7 @@ def test_fused_kernel_applies_to_the_production_path_only(monkeypatch):
 def test_fused_kernel_by_rule(monkeypatch):
     # Sequences of FUSED_MIN_TOKENS or more on average, then: packed, FUSED_MIN_PROGRAMS_PER_SM (sequence, head)
     # programs per SM (the rule cannot see one long sequence among short ones); fixed-length, waves of programs
-    # at least FUSED_MIN_WAVE_FILL full.
+    # at least FUSED_MIN_WAVE_FILL full, or sequences of at most FUSED_SHORT_TOKENS in one wave.
     from fastkda import kernels
     S = 132
     packed = lambda N, HV, T_total: kernels.fused_by_rule(N, HV, T_total, S, packed=True)
@@ -564,7 +585,10 @@ def test_fused_kernel_by_rule(monkeypatch):
     assert not fixed(1, 64, 8192) and not fixed(1, 96, 8192)  # one sequence of 8,192: 64 and 96 programs
     assert fixed(1, 128, 8192) and fixed(1, 112, 8192)       # one wave 0.97 and 0.85 full
     assert fixed(4, 64, 2048) and not fixed(2, 100, 2048)    # two waves 0.97 full; 0.76
-    assert not fixed(1, 96, 1024) and not fixed(2, 32, 4096)  # one wave 0.73, 0.48 full
+    assert not fixed(1, 96, 2048) and not fixed(2, 32, 4096)  # one wave 0.73, 0.48 full
+    assert fixed(1, 8, 1024) and fixed(1, 96, 1024) and fixed(4, 8, 1024) and fixed(1, 96, 128)   # short, one wave
+    assert not fixed(1, 8, 1025) and not fixed(1, 133, 1024)   # longer; two waves 0.50 full
+    assert not fixed(5, 32, 1024)                              # short in two waves 0.61 full: the wave rule
     assert not packed(2, 64, 4096) and not packed(8, 16, 8192)   # 128 packed programs: under 2.5 per SM
     assert not packed(1 + 32, 4, 8192 + 32 * 300)            # one long sequence among short ones, 132 programs
     assert not packed(256, 32, 256 * 64) and not fixed(256, 32, 64)   # 8,192 programs of 64 tokens
@@ -582,9 +606,14 @@ def test_fused_kernel_by_rule(monkeypatch):
     least = math.ceil(kernels.FUSED_MIN_PROGRAMS_PER_SM * S)
     assert packed(least, 1, least * 256) and not packed(least - 1, 1, (least - 1) * 256)
     assert not packed(least, 1, least * 256 - 1)
+    longer = kernels.FUSED_SHORT_TOKENS + 1
     for waves in (1, 2, 3, 4):                               # (from 5 waves on, every count is 0.8 full)
         fill = math.ceil(kernels.FUSED_MIN_WAVE_FILL * waves * S)
-        assert fixed(fill, 1, 256) and not fixed(fill - 1, 1, 256) and not fixed(fill, 1, 255)
+        assert fixed(fill, 1, longer) and not fixed(fill - 1, 1, longer)
+        if waves > 1:
+            assert fixed(fill, 1, 256) and not fixed(fill, 1, 255)
+    short = kernels.FUSED_SHORT_TOKENS                       # short sequences: one wave, however full
+    assert fixed(S, 1, short) and fixed(1, 1, short) and fixed(1, 1, 1) and not fixed(S + 1, 1, short)
 
 
 def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
@@ -625,10 +654,14 @@ def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
     assert route(lens=[256] * 9 + [1382], max_seqlen=1382) == "fused"
     assert route(lens=[256] * 9 + [1383], max_seqlen=1383) == "two stages"
     assert route(lens=[256] * 9 + [1383]) == "fused"                     # unknown: by the average alone
-    # fixed-length: waves at least 0.8 full (one of 4 programs, two of 7), not 0.75 (3 programs, two of 6)
-    assert route(B=4, T=256) == "fused" and route(B=7, T=256) == "fused"
-    assert route(B=3, T=256) == "two stages" and route(B=3, T=256, HV=2) == "two stages"
-    assert route(B=4, T=255) == "two stages"
+    # fixed-length: waves at least 0.8 full (one of 4 programs, two of 7), not 0.75 (3 programs, two of 6) ...
+    long = kernels.FUSED_SHORT_TOKENS + 32
+    assert route(B=4, T=long) == "fused" and route(B=7, T=256) == "fused"
+    assert route(B=3, T=long) == "two stages" and route(B=3, T=256, HV=2) == "two stages"
+    assert route(B=7, T=255) == "two stages"
+    # ... or sequences of at most FUSED_SHORT_TOKENS in one wave (4 programs), however full
+    assert route(B=3, T=kernels.FUSED_SHORT_TOKENS) == "fused" and route(B=1, T=1) == "fused"
+    assert route(B=5, T=kernels.FUSED_SHORT_TOKENS) == "two stages"     # two waves, 0.63 full
     monkeypatch.setattr(kernels, "FUSED", True)
     assert route(lens=[1]) == "fused"
     monkeypatch.setattr(kernels, "FUSED", False)

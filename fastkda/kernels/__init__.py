@@ -51,7 +51,7 @@ import triton.language as tl
 from ..checks import check_index_range
 from .chunk_prepare import _chunk_prepare_kernel, _chunk_tables_kernel
 from .chunk_recurrence import _chunk_recurrence_kernel
-from .direct_launch import INTERPRETING, launch
+from .direct_launch import INTERPRETING, direct_launch_enabled, launch
 
 CHUNK_SIZE = 32      # BT: tokens per chunk (a power of two, 16 or 32: chunk_prepare.py gives the bound)
 VALUE_BLOCK = 64     # BV: state columns per stage-2 program
@@ -78,8 +78,14 @@ FUSED_MIN_TOKENS = 256            # ... by rule: sequences this long on average,
 FUSED_MIN_PROGRAMS_PER_SM = 2.5   # ... at least this many (sequence, head) programs per SM; fixed-length,
 FUSED_MIN_WAVE_FILL = 0.8         # ... waves of programs at least this full on average
 FUSED_MAX_LONGEST_SHARE = 1.5     # packed, where the longest sequence is known: at most this many SM shares
+FUSED_SHORT_TOKENS = 1024         # fixed-length sequences this short in one wave: fused (host time, fused_by_rule)
 FUSED_PRODUCER_REGS = 136   # registers per thread of each of the fused kernel's two producer warpgroups (128 spills)
 FUSED_MAXNREG = 168         # ... at launch: the chain warpgroup gets the rest (232)
+
+
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host integers (triton.cdiv is a JIT function: ~2 µs per host call)."""
+    return -(-a // b)
 
 
 def stage_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -115,7 +121,7 @@ def chunk_tables(cu_seqlens: torch.Tensor, T_total: int):
     """
     N = cu_seqlens.numel() - 1
     BT = CHUNK_SIZE
-    slots = triton.cdiv(T_total, BT) + N
+    slots = _cdiv(T_total, BT) + N
     tables = torch.empty(2 * N + 1 + 2 * slots, dtype=torch.int32, device=cu_seqlens.device)
     chunk_offsets, seq_order, chunk_rows = tables[:N + 1], tables[N + 1:2 * N + 1], tables[2 * N + 1:]
     in_kernel = N <= ORDER_IN_KERNEL
@@ -149,10 +155,11 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
 
 
 def _plan_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm, use_gate,
-                 use_beta_sigmoid):
+                 use_beta_sigmoid, gluon=None):
     """Stage 0 and the allocation of the stage-1 tensors; returns them and ``stage1(window=None, pdl=False)``,
     which launches stage 1 for every chunk, or (the Gluon stage 1) for the chunk slots ``window = (lo, hi)``,
-    optionally by programmatic dependent launch (kda_forward)."""
+    optionally by programmatic dependent launch (kda_forward). ``gluon``: gluon_stage1_applies, where the caller
+    has it."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     T_total = B * T
@@ -165,7 +172,7 @@ def _plan_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seq
         n_chunks, chunk_offsets, chunk_rows, seq_order = chunk_tables(cu_seqlens, T_total)
     else:
         N = B
-        n_chunks = B * triton.cdiv(T, BT)
+        n_chunks = B * _cdiv(T, BT)
         chunk_offsets = chunk_rows = seq_order = None
     sdt = stage_dtype(q.dtype)
     slots = max(n_chunks, 1)
@@ -179,21 +186,21 @@ def _plan_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seq
     common = dict(K=K, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm,
                   USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid, HAS_A_LOG=A_log is not None,
                   HAS_DT_BIAS=dt_bias is not None)
-    gluon = gluon_stage1_applies(q, k, g)
+    if gluon is None:
+        gluon = gluon_stage1_applies(q, k, g)
     descriptors = _stage1_descriptors(st, K, BT) if gluon and n_chunks > 0 else None
 
     def stage1(window=None, pdl=False):
         if n_chunks == 0 or N == 0:
             return
         if gluon:
-            from .chunk_prepare_gluon import _chunk_prepare_gluon_kernel
             extra = {}
             grid = (n_chunks, HV)
             if window is not None:
                 lo, hi = window
                 grid = (hi - lo, HV)
                 extra = dict(slot_lo=lo, WINDOWED=True, launch_pdl=pdl)
-            launch(_chunk_prepare_gluon_kernel, grid, q, k, g, beta, A_log, dt_bias, st.tb, st.gl, *tail,
+            launch(_gluon("_chunk_prepare_gluon_kernel"), grid, q, k, g, beta, A_log, dt_bias, st.tb, st.gl, *tail,
                    **common, HV_PER_H=HV // H, **descriptors, num_warps=4,  # one warpgroup
                    **({} if STAGE1_GLUON_MAXNREG is None else {"maxnreg": STAGE1_GLUON_MAXNREG}), **extra)
         else:
@@ -237,11 +244,36 @@ def _contiguous_strides(shape: tuple) -> tuple:
 def _stage1_descriptors(st: Stage1, K: int, BT: int) -> dict:
     """TMA descriptors of the Gluon stage 1's outputs a1, kt, aqk as 2-D row views (blocks of BT rows; the
     swizzles of the kernel's shared tiles). Allocated here, the tensors meet TMA's 16-byte alignment."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     def desc(t, cols, block_cols, swizzle):
-        return TensorDescriptor(t, [t.numel() // cols, cols], [cols, 1], [BT, block_cols], _nvmma_layout(swizzle))
+        return _tma_descriptor(t, [t.numel() // cols, cols], [cols, 1], [BT, block_cols], _nvmma_layout(swizzle))
     return dict(a1_desc=desc(st.a1, K, 64, 128), kt_desc=desc(st.kt, K, 64, 128), aqk_desc=desc(st.aqk, BT, BT, 64))
+
+
+def _tma_descriptor(base: torch.Tensor, shape: list, strides: list, block_shape: list, layout):
+    """Gluon's TensorDescriptor(base, shape, strides, block_shape, layout). With the Triton whose launch internals
+    direct_launch uses, it is built without the dataclass's checks (16-byte aligned base and row strides, the
+    block shape), which the stage-1 tensors meet by construction (_carve) and which cost ~3 µs of host time per
+    descriptor on every call; tests compare it with the checked one."""
+    TensorDescriptor = _gluon("TensorDescriptor")
+    if not direct_launch_enabled():
+        return TensorDescriptor(base, shape, strides, block_shape, layout)
+    d = object.__new__(TensorDescriptor)
+    d.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block_shape, layout=layout, padding="zero")
+    return d
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon(name: str):
+    """A Gluon kernel (or Gluon's TensorDescriptor) by name, imported on first use: the Gluon modules load only
+    where they run, and an import statement costs host time on every call."""
+    if name == "TensorDescriptor":
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        return TensorDescriptor
+    from . import chunk_prepare_gluon, chunk_recurrence_gluon, fused_gluon
+    for module in (chunk_prepare_gluon, chunk_recurrence_gluon, fused_gluon):
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise AttributeError(name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -301,14 +333,13 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
     common = dict(K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=cu_seqlens is not None,
                   HAS_H0=initial_state is not None, STORE_HT=final_state is not None, num_warps=warps)
     if gluon:
-        from .chunk_recurrence_gluon import _chunk_recurrence_gluon_kernel
         extra = {}
         if window is not None:
             lo, hi, index, state_buf, flags = window
             extra = dict(state_buf=state_buf, flags=flags, slot_lo=lo, slot_hi=hi, window_idx=index,
                          WINDOWED=True)
         ring = stage2_ring(grid[0] * grid[1], wide, v.device)
-        launch(_chunk_recurrence_gluon_kernel, grid, *args, **common, RING=ring, LOADER_REGS=STAGE2_LOADER_REGS,
+        launch(_gluon("_chunk_recurrence_gluon_kernel"), grid, *args, **common, RING=ring, LOADER_REGS=STAGE2_LOADER_REGS,
                maxnreg=_stage2_maxnreg(ring, wide), **extra)
     else:
         assert window is None, "windows need the Gluon stage 2"
@@ -366,23 +397,27 @@ def stage2_wide(N: int, HV: int, K: int, V: int, T_total: int, device: torch.dev
             and T_total >= WIDE_MIN_TOKENS * N)
 
 
-def stage2_windows(q, k, g, v, cu_seqlens) -> int:
+def stage2_windows(q, k, g, v, cu_seqlens, stage1=None) -> int:
     """How many windows of chunk slots the forward runs in (kda_forward): 1 (no windows) unless both Gluon
     stages apply, the sequences have one length (no cu_seqlens), and stage 2 has at most one program per
     WINDOW_SM_SHARE SMs: its chain of chunks, not its throughput, then bounds it, and the other SMs are
     free for stage 1 of the next window. Then one window per WINDOW_CHUNKS chunk slots, at most MAX_WINDOWS.
     Measured on the H200 (docs/perf-notes.md, session 11): 16 heads × 32,768 tokens −8%, 8 heads × 65,536
     −5%; nothing to gain where stage 2 fills the GPU (64 heads × 8,192: both stages then share its memory
-    bandwidth) and, below a few hundred chunks, host time lost."""
-    if cu_seqlens is not None or not (gluon_stage1_applies(q, k, g) and STAGE2_GLUON and v.dtype == torch.bfloat16
-                                      and _aligned16(v)):
+    bandwidth) and, below a few hundred chunks, host time lost. ``stage1``: gluon_stage1_applies, where the caller
+    has it."""
+    if cu_seqlens is not None:
+        return 1
+    if stage1 is None:
+        stage1 = gluon_stage1_applies(q, k, g)
+    if not (stage1 and STAGE2_GLUON and v.dtype == torch.bfloat16 and _aligned16(v)):
         return 1
     if WINDOWS is not None:
         return WINDOWS
     B, T, HV, V = v.shape
     if _stage2_programs(B, HV, V) * WINDOW_SM_SHARE > _sm_count(v.device):
         return 1
-    return max(1, min(MAX_WINDOWS, B * triton.cdiv(T, CHUNK_SIZE) // WINDOW_CHUNKS))
+    return max(1, min(MAX_WINDOWS, B * _cdiv(T, CHUNK_SIZE) // WINDOW_CHUNKS))
 
 
 def kda_forward(
@@ -403,7 +438,8 @@ def kda_forward(
 ) -> None:
     """Run the forward (fused, or in two stages); writes ``out`` and ``final_state`` (if given). ``max_seqlen``:
     the longest sequence where the caller knows it (it only steers the route, see fused_by_rule)."""
-    if fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm, use_gate, use_beta_sigmoid):
+    stage1_gluon = gluon_stage1_applies(q, k, g)     # once per call (host time)
+    if fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm, use_gate, use_beta_sigmoid, stage1_gluon):
         N = cu_seqlens.numel() - 1 if cu_seqlens is not None else q.shape[0]
         if FUSED or (FUSED is None and fused_by_rule(N, v.shape[2], q.shape[0] * q.shape[1], _sm_count(q.device),
                                                      packed=cu_seqlens is not None, max_seqlen=max_seqlen)):
@@ -413,10 +449,10 @@ def kda_forward(
             return
     st, stage1 = _plan_chunks(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
                               cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, use_gate=use_gate,
-                              use_beta_sigmoid=use_beta_sigmoid)
+                              use_beta_sigmoid=use_beta_sigmoid, gluon=stage1_gluon)
     recurrence = dict(out=out, initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
                       state_v_first=state_v_first)
-    n_windows = min(stage2_windows(q, k, g, v, cu_seqlens), st.n_chunks)
+    n_windows = min(stage2_windows(q, k, g, v, cu_seqlens, stage1_gluon), st.n_chunks)
     if n_windows <= 1:
         stage1()
         run_recurrence(st, v, **recurrence)
@@ -435,12 +471,14 @@ def kda_forward(
         run_recurrence(st, v, **recurrence, window=(bounds[w], bounds[w + 1], w, state_buf, flags))
 
 
-def fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm: bool, use_gate: bool, use_beta_sigmoid: bool) -> bool:
+def fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm: bool, use_gate: bool, use_beta_sigmoid: bool,
+                  stage1=None) -> bool:
     """The fused kernel covers the production path: bf16 inputs on Hopper (the Gluon stages apply), K = V = 128,
-    the gate with A_log and dt_bias, the key/query l2 norm and the β sigmoid. FUSED = False turns it off."""
+    the gate with A_log and dt_bias, the key/query l2 norm and the β sigmoid. FUSED = False turns it off.
+    ``stage1``: gluon_stage1_applies, where the caller has it."""
     return (FUSED is not False and use_gate and use_qk_l2norm and use_beta_sigmoid and A_log is not None
             and dt_bias is not None and q.shape[-1] == 128 and v.shape[-1] == 128 and v.dtype == torch.bfloat16
-            and _aligned16(v) and gluon_stage1_applies(q, k, g))
+            and _aligned16(v) and (gluon_stage1_applies(q, k, g) if stage1 is None else stage1))
 
 
 def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
@@ -463,10 +501,19 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
     benchmarks/results/fused-sweep-h200-2026-12-01*.json): fixed-length waves 0.85–0.97 full −3..−17% against
     the two stages, 0.73–0.76 full +0..+12%, 0.42–0.68 full +7..+75%; packed, 336–2,048 programs of 256–1,024
     tokens −11..−18% (128–320 programs −8..−20% too, left to the two stages for the mixes above). FUSED forces
-    either route."""
+    either route.
+
+    Fixed-length sequences of at most FUSED_SHORT_TOKENS in one wave of programs take the fused kernel whatever the
+    wave's fill: there a call is host-bound on the two stages (two launches, their stage-1 tensors and
+    descriptors: 350–430 µs of host time per call on the H200's host against 130–155 µs for the fused kernel's one
+    launch), and the fused kernel's GPU time stays under that (86 µs at 8 heads × 1,024 tokens against 32 on the
+    two stages; equal from 96 programs on). Measured eagerly, as a caller sees it: 2.2–3x faster on 8–96 heads ×
+    128–1,024 tokens (docs/perf-notes.md, session 24; benchmarks/results/short-fixed-h200-2026-12-01.json)."""
+    programs = N * HV
+    if not packed and T_total <= FUSED_SHORT_TOKENS * N and programs <= sm_count:
+        return True
     if T_total < FUSED_MIN_TOKENS * N:
         return False
-    programs = N * HV
     if packed:
         return (programs >= FUSED_MIN_PROGRAMS_PER_SM * sm_count
                 and (max_seqlen is None or max_seqlen * sm_count <= FUSED_MAX_LONGEST_SHARE * HV * T_total))
@@ -478,7 +525,6 @@ def run_fused(q, k, v, g, beta, *, scale, out, final_state, A_log, dt_bias, lowe
               state_v_first) -> None:
     """The fused forward (fused_gluon.py): the sequences' longest-first order (stage 0, packed only), then one
     program per (sequence, value head)."""
-    from .fused_gluon import _fused_kernel
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = CHUNK_SIZE
@@ -489,7 +535,7 @@ def run_fused(q, k, v, g, beta, *, scale, out, final_state, A_log, dt_bias, lowe
         return
     seq_order = chunk_tables(cu_seqlens, B * T)[3] if varlen else None
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
-    launch(_fused_kernel, (N * HV,), q, k, v, g, beta, A_log, dt_bias, initial_state, final_state, out, cu_seqlens,
+    launch(_gluon("_fused_kernel"), (N * HV,), q, k, v, g, beta, A_log, dt_bias, initial_state, final_state, out, cu_seqlens,
            seq_order, T, scale, lower_bound, H, HV, S_STATE_K=s_state_k, S_STATE_V=s_state_v, HV_PER_H=HV // H,
            K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, HAS_H0=initial_state is not None,
            STORE_HT=final_state is not None, PRODUCER_REGS=FUSED_PRODUCER_REGS, num_warps=4, maxnreg=FUSED_MAXNREG)

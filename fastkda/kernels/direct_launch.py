@@ -33,6 +33,11 @@ _compiled: dict = {}
 _direct = not INTERPRETING and triton.__version__.startswith(TESTED_TRITON)
 
 
+def direct_launch_enabled() -> bool:
+    """Whether launches take the direct path (the Triton version it was tested with, its internals as expected)."""
+    return _direct
+
+
 def _hooked() -> bool:
     """Whether a launch hook is installed (a chain of hooks in recent Triton, a callable or None before)."""
     for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
