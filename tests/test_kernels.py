@@ -318,6 +318,7 @@ def test_windows_of_chunks_give_the_unwindowed_results_bit_for_bit(B, T, windows
     from fastkda.kernels import _is_hopper
     if not _is_hopper(torch.device("cuda")):
         pytest.skip("needs Hopper")
+    monkeypatch.setattr(kernels, "FUSED", False)     # (short fixed-length calls take the fused kernel by rule)
     x, p, shape = make(B=B, T=T, H=2, HV=4, K=128, V=128, seed=3)
     results = []
     empty = torch.empty
@@ -344,6 +345,7 @@ def test_windows_in_a_cuda_graph(monkeypatch):
     from fastkda.kernels import _is_hopper
     if not _is_hopper(torch.device("cuda")):
         pytest.skip("needs Hopper")
+    monkeypatch.setattr(kernels, "FUSED", False)     # (short fixed-length calls take the fused kernel by rule)
     monkeypatch.setattr(kernels, "WINDOWS", 3)
     x, p, shape = make(B=2, T=1000, H=2, HV=4, K=128, V=128, seed=5)
     out, fs = torch.empty_like(x["v"]), torch.empty(shape, device=DEVICE)
@@ -401,6 +403,7 @@ def test_wide_stage2_gives_the_two_program_results_bit_for_bit(lens, B, T, K, wi
     from fastkda.kernels import _is_hopper
     if not _is_hopper(torch.device("cuda")):
         pytest.skip("needs Hopper")
+    monkeypatch.setattr(kernels, "FUSED", False)     # (short fixed-length calls take the fused kernel by rule)
     kw = dict(lens=lens) if lens is not None else dict(B=B, T=T)
     x, p, shape = make(**kw, H=2, HV=4, K=K, V=128, seed=11, with_h0=with_h0, state_v_first=state_v_first)
     launched = record_launches(monkeypatch, lambda kernel, kwargs: (getattr(kernel, "__name__", str(kernel)),
@@ -431,6 +434,7 @@ def test_stage2_ring_depths_give_the_same_bits(lens, B, T, with_h0, wide, monkey
     from fastkda.kernels import _is_hopper
     if not _is_hopper(torch.device("cuda")):
         pytest.skip("needs Hopper")
+    monkeypatch.setattr(kernels, "FUSED", False)     # (short fixed-length calls take the fused kernel by rule)
     kw = dict(lens=lens) if lens is not None else dict(B=B, T=T)
     x, p, shape = make(**kw, H=2, HV=4, K=128, V=128, seed=5, with_h0=with_h0, state_v_first=True)
     monkeypatch.setattr(kernels, "STAGE2_WIDE", wide)
