@@ -14,9 +14,10 @@
                                                       stage2_ring); writes out, state
 
 Fused (fused_gluon.py; Hopper, bf16, K = V = 128, the gate, the l2 norm and the β sigmoid; by fused_by_rule:
-many packed sequences, or fixed-length ones whose (sequence, head) programs fill the SMs' waves; sequences not
-short): stage 0 for the sequence order (packed), then one program per (sequence, value head) does both
-stages' work, the chunk tensors staying in shared memory.
+many packed sequences, or fixed-length ones whose (sequence, head) programs fill the SMs' waves, sequences not
+short; or short fixed-length ones in one wave, where the two stages' host time sets a call's time): stage 0 for
+the sequence order (packed), then one program per (sequence, value head) does both stages' work, the chunk
+tensors staying in shared memory.
 
 Wide stage 2 (stage2_wide; many heads, sequences not short: stage 2 bound by memory traffic): both value
 blocks of a head in one program of two warpgroups, which copies the head's stage-1 tiles once, not twice.
