@@ -46,7 +46,6 @@ import math
 from typing import NamedTuple, Optional
 
 import torch
-import triton
 import triton.language as tl
 
 from ..checks import check_index_range
@@ -340,8 +339,8 @@ def run_recurrence(st: Stage1, v, *, out, initial_state, final_state, cu_seqlens
             extra = dict(state_buf=state_buf, flags=flags, slot_lo=lo, slot_hi=hi, window_idx=index,
                          WINDOWED=True)
         ring = stage2_ring(grid[0] * grid[1], wide, v.device)
-        launch(_gluon("_chunk_recurrence_gluon_kernel"), grid, *args, **common, RING=ring, LOADER_REGS=STAGE2_LOADER_REGS,
-               maxnreg=_stage2_maxnreg(ring, wide), **extra)
+        launch(_gluon("_chunk_recurrence_gluon_kernel"), grid, *args, **common, RING=ring,
+               LOADER_REGS=STAGE2_LOADER_REGS, maxnreg=_stage2_maxnreg(ring, wide), **extra)
     else:
         assert window is None, "windows need the Gluon stage 2"
         launch(_chunk_recurrence_kernel, grid, *args, **common, INTERPRET=INTERPRETING,
@@ -506,7 +505,7 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
 
     Fixed-length sequences of at most FUSED_SHORT_TOKENS in one wave of programs take the fused kernel whatever the
     wave's fill: there a call is host-bound on the two stages (two launches, their stage-1 tensors and
-    descriptors: 350–430 µs of host time per call on the H200's host against 130–155 µs for the fused kernel's one
+    descriptors: 210–430 µs of host time per call on the H200's host against 95–155 µs for the fused kernel's one
     launch), and the fused kernel's GPU time stays under that (86 µs at 8 heads × 1,024 tokens against 32 on the
     two stages; equal from 96 programs on). Measured eagerly, as a caller sees it: 2.2–3x faster on 8–96 heads ×
     128–1,024 tokens (docs/perf-notes.md, session 24; benchmarks/results/short-fixed-h200-2026-12-01.json)."""
@@ -536,7 +535,7 @@ def run_fused(q, k, v, g, beta, *, scale, out, final_state, A_log, dt_bias, lowe
         return
     seq_order = chunk_tables(cu_seqlens, B * T)[3] if varlen else None
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
-    launch(_gluon("_fused_kernel"), (N * HV,), q, k, v, g, beta, A_log, dt_bias, initial_state, final_state, out, cu_seqlens,
-           seq_order, T, scale, lower_bound, H, HV, S_STATE_K=s_state_k, S_STATE_V=s_state_v, HV_PER_H=HV // H,
-           K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, HAS_H0=initial_state is not None,
+    launch(_gluon("_fused_kernel"), (N * HV,), q, k, v, g, beta, A_log, dt_bias, initial_state, final_state, out,
+           cu_seqlens, seq_order, T, scale, lower_bound, H, HV, S_STATE_K=s_state_k, S_STATE_V=s_state_v,
+           HV_PER_H=HV // H, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, HAS_H0=initial_state is not None,
            STORE_HT=final_state is not None, PRODUCER_REGS=FUSED_PRODUCER_REGS, num_warps=4, maxnreg=FUSED_MAXNREG)
