@@ -537,5 +537,6 @@ def run_fused(q, k, v, g, beta, *, scale, out, final_state, A_log, dt_bias, lowe
     s_state_k, s_state_v = (1, K) if state_v_first else (V, 1)
     launch(_gluon("_fused_kernel"), (N * HV,), q, k, v, g, beta, A_log, dt_bias, initial_state, final_state, out,
            cu_seqlens, seq_order, T, scale, lower_bound, H, HV, S_STATE_K=s_state_k, S_STATE_V=s_state_v,
-           HV_PER_H=HV // H, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, HAS_H0=initial_state is not None,
-           STORE_HT=final_state is not None, PRODUCER_REGS=FUSED_PRODUCER_REGS, num_warps=4, maxnreg=FUSED_MAXNREG)
+           HV_PER_H=HV // H, K=K, V=V, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen,
+           HAS_H0=initial_state is not None, STORE_HT=final_state is not None, PRODUCER_REGS=FUSED_PRODUCER_REGS,
+           num_warps=4, maxnreg=FUSED_MAXNREG)
