@@ -84,10 +84,11 @@ def _span(x: torch.Tensor):
 
 
 def _spans_overlap(a: torch.Tensor, sa, b: torch.Tensor, sb) -> bool:
-    """Whether tensors a and b, with byte spans sa and sb (_span), can touch the same memory."""
-    if sa is None or sb is None or a.device != b.device:
+    """Whether tensors a and b, with byte spans sa and sb (_span), can touch the same memory (the byte ranges are
+    compared before the devices: the cheaper test first)."""
+    if sa is None or sb is None:
         return False
-    return sa[0] < sb[1] and sb[0] < sa[1]
+    return sa[0] < sb[1] and sb[0] < sa[1] and a.device == b.device
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -271,18 +272,17 @@ def check_no_alias(writes: dict, reads: dict, allowed: tuple = ()) -> None:
     ``allowed`` lists (write name, read name) pairs that may be the very same tensor (an in-place state
     update: final_state is initial_state).
     """
-    # Each tensor's span once, and the byte ranges compared before the devices: this runs on every call, and the
-    # pairs are many (host time, not device time).
-    w_items = [(n, t, sp) for n, t in writes.items() if t is not None and (sp := _span(t)) is not None]
-    r_items = [(n, t, sp) for n, t in reads.items() if t is not None and (sp := _span(t)) is not None]
-    for i, (wn, w, (w0, w1)) in enumerate(w_items):
-        for rn, r, (r0, r1) in r_items:
-            if w0 >= r1 or r0 >= w1 or w.device != r.device:
+    # Each tensor's span once: this runs on every call, and the pairs are many (host time, not device time).
+    w_items = [(n, t, _span(t)) for n, t in writes.items() if t is not None]
+    r_items = [(n, t, _span(t)) for n, t in reads.items() if t is not None]
+    for i, (wn, w, sw) in enumerate(w_items):
+        for rn, r, sr in r_items:
+            if not _spans_overlap(w, sw, r, sr):
                 continue
-            same = (w0 == r0 and w.shape == r.shape and w.stride() == r.stride() and w.dtype == r.dtype)
+            same = (sw[0] == sr[0] and w.shape == r.shape and w.stride() == r.stride() and w.dtype == r.dtype)
             if (wn, rn) in allowed and same:
                 continue
             raise ValueError(f"{wn}: must not share memory with the input {rn}")
-        for wn2, w2, (v0, v1) in w_items[i + 1:]:
-            if w0 < v1 and v0 < w1 and w.device == w2.device:
+        for wn2, w2, sw2 in w_items[i + 1:]:
+            if _spans_overlap(w, sw, w2, sw2):
                 raise ValueError(f"{wn}: must not share memory with {wn2}")
