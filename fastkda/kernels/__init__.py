@@ -155,11 +155,11 @@ def prepare_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_s
 
 
 def _plan_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm, use_gate,
-                 use_beta_sigmoid, gluon=None):
+                 use_beta_sigmoid, stage1_gluon=None):
     """Stage 0 and the allocation of the stage-1 tensors; returns them and ``stage1(window=None, pdl=False)``,
     which launches stage 1 for every chunk, or (the Gluon stage 1) for the chunk slots ``window = (lo, hi)``,
-    optionally by programmatic dependent launch (kda_forward). ``gluon``: gluon_stage1_applies, where the caller
-    has it."""
+    optionally by programmatic dependent launch (kda_forward). ``stage1_gluon``: gluon_stage1_applies, where the
+    caller has it."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     T_total = B * T
@@ -186,8 +186,7 @@ def _plan_chunks(q, k, v, g, beta, *, scale, A_log, dt_bias, lower_bound, cu_seq
     common = dict(K=K, BT=BT, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, USE_L2NORM=use_qk_l2norm,
                   USE_GATE=use_gate, USE_BETA_SIGMOID=use_beta_sigmoid, HAS_A_LOG=A_log is not None,
                   HAS_DT_BIAS=dt_bias is not None)
-    if gluon is None:
-        gluon = gluon_stage1_applies(q, k, g)
+    gluon = gluon_stage1_applies(q, k, g) if stage1_gluon is None else stage1_gluon
     descriptors = _stage1_descriptors(st, K, BT) if gluon and n_chunks > 0 else None
 
     def stage1(window=None, pdl=False):
@@ -397,20 +396,20 @@ def stage2_wide(N: int, HV: int, K: int, V: int, T_total: int, device: torch.dev
             and T_total >= WIDE_MIN_TOKENS * N)
 
 
-def stage2_windows(q, k, g, v, cu_seqlens, stage1=None) -> int:
+def stage2_windows(q, k, g, v, cu_seqlens, stage1_gluon=None) -> int:
     """How many windows of chunk slots the forward runs in (kda_forward): 1 (no windows) unless both Gluon
     stages apply, the sequences have one length (no cu_seqlens), and stage 2 has at most one program per
     WINDOW_SM_SHARE SMs: its chain of chunks, not its throughput, then bounds it, and the other SMs are
     free for stage 1 of the next window. Then one window per WINDOW_CHUNKS chunk slots, at most MAX_WINDOWS.
     Measured on the H200 (docs/perf-notes.md, session 11): 16 heads × 32,768 tokens −8%, 8 heads × 65,536
     −5%; nothing to gain where stage 2 fills the GPU (64 heads × 8,192: both stages then share its memory
-    bandwidth) and, below a few hundred chunks, host time lost. ``stage1``: gluon_stage1_applies, where the caller
-    has it."""
+    bandwidth) and, below a few hundred chunks, host time lost. ``stage1_gluon``: gluon_stage1_applies, where the
+    caller has it."""
     if cu_seqlens is not None:
         return 1
-    if stage1 is None:
-        stage1 = gluon_stage1_applies(q, k, g)
-    if not (stage1 and STAGE2_GLUON and v.dtype == torch.bfloat16 and _aligned16(v)):
+    if stage1_gluon is None:
+        stage1_gluon = gluon_stage1_applies(q, k, g)
+    if not (stage1_gluon and STAGE2_GLUON and v.dtype == torch.bfloat16 and _aligned16(v)):
         return 1
     if WINDOWS is not None:
         return WINDOWS
@@ -449,7 +448,7 @@ def kda_forward(
             return
     st, stage1 = _plan_chunks(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
                               cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, use_gate=use_gate,
-                              use_beta_sigmoid=use_beta_sigmoid, gluon=stage1_gluon)
+                              use_beta_sigmoid=use_beta_sigmoid, stage1_gluon=stage1_gluon)
     recurrence = dict(out=out, initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
                       state_v_first=state_v_first)
     n_windows = min(stage2_windows(q, k, g, v, cu_seqlens, stage1_gluon), st.n_chunks)
@@ -472,13 +471,13 @@ def kda_forward(
 
 
 def fused_applies(q, k, g, v, A_log, dt_bias, use_qk_l2norm: bool, use_gate: bool, use_beta_sigmoid: bool,
-                  stage1=None) -> bool:
+                  stage1_gluon=None) -> bool:
     """The fused kernel covers the production path: bf16 inputs on Hopper (the Gluon stages apply), K = V = 128,
     the gate with A_log and dt_bias, the key/query l2 norm and the β sigmoid. FUSED = False turns it off.
-    ``stage1``: gluon_stage1_applies, where the caller has it."""
+    ``stage1_gluon``: gluon_stage1_applies, where the caller has it."""
     return (FUSED is not False and use_gate and use_qk_l2norm and use_beta_sigmoid and A_log is not None
             and dt_bias is not None and q.shape[-1] == 128 and v.shape[-1] == 128 and v.dtype == torch.bfloat16
-            and _aligned16(v) and (gluon_stage1_applies(q, k, g) if stage1 is None else stage1))
+            and _aligned16(v) and (gluon_stage1_applies(q, k, g) if stage1_gluon is None else stage1_gluon))
 
 
 def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
