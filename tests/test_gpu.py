@@ -151,6 +151,41 @@ def test_gluon_stage1_matches_the_triton_stage1(D, lens, H, HV, flags):
         assert float((x_g - x_t).norm() / x_t.norm()) < tol, name
 
 
+def test_gluon_number_helpers_are_exact_in_the_accumulator_layout():
+    # chunk_prepare_gluon's conversions by hand (inline PTX and register picks) against torch, on a [64, 32]
+    # tile in the wgmma accumulator layout the producers use: an element in the wrong half of a register pair,
+    # or the wrong register picked as the last column, is wrong by O(1) here; the conversions are exact.
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels run on Hopper")
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from fastkda.kernels.chunk_prepare_gluon import _last_column, _split_f16, _to_f32
+
+    @gluon.jit
+    def helpers(x16, x32, up, hi, lo, last, R: gl.constexpr, C: gl.constexpr):
+        acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, C, 16])
+        r = gl.arange(0, R, layout=gl.SliceLayout(1, acc))
+        c = gl.arange(0, C, layout=gl.SliceLayout(0, acc))
+        off = r[:, None] * C + c[None, :]
+        gl.store(up + off, _to_f32(gl.load(x16 + off)))
+        a = gl.load(x32 + off)
+        h, l = _split_f16(a)
+        gl.store(hi + off, h)
+        gl.store(lo + off, l)
+        gl.store(last + r, _last_column(a, R, C))
+
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 32, generator=gen) * torch.logspace(-6, 3.5, 32)).cuda()   # fp16 subnormals to 2^14
+    x16 = x.to(torch.bfloat16)
+    up, last = torch.empty_like(x), torch.empty(64, device="cuda")
+    hi, lo = (torch.empty(64, 32, dtype=torch.float16, device="cuda") for _ in range(2))
+    helpers[(1,)](x16, x, up, hi, lo, last, 64, 32, num_warps=4)
+    assert torch.equal(up, x16.float())
+    assert torch.equal(hi, x.half())
+    assert torch.equal(lo, (x - x.half().float()).half())
+    assert torch.equal(last, x[:, 31])
+
+
 @pytest.mark.parametrize("D,lens,H,HV,with_h0,state_v_first", [
     (128, [8192], 2, 2, True, True),
     (128, [100, 0, 333, 64, 1], 2, 4, False, False),

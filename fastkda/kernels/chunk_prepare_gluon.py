@@ -26,7 +26,9 @@ the gate and the β sigmoid (what fastkda.fwd runs), every step of the chunk's d
 so |T[i, j]| ≤ 1 and |L[i, j]| ≤ 1, and the doubling runs in fp16 (11 significant bits, the Triton kernel's
 tf32 precision), one product per step; otherwise in bf16 high and low halves, three products per step
 (high·high + high·low + low·high, ~16 bits), whatever T's range. Per-channel vectors cost 4 registers per
-thread and per-token vectors 8. The input rows arrive by cp.async and are read transposed with ldmatrix; the
+thread and per-token vectors 8. Three conversions are spelled out where the compiler spends instructions on
+them (bf16 → fp32, fp32 → fp16 high and low pieces, the accumulator's last column; exact, the same values:
+docs/perf-notes.md, session 26). The input rows arrive by cp.async and are read transposed with ldmatrix; the
 output tiles reach shared memory with the transposing matrix store and leave by TMA bulk stores (a1, kt, aqk:
 no register round trip; docs/perf-notes.md, session 9), tb read back transposed by ldmatrix and stored as
 16-byte rows. Outputs and their layouts are those of chunk_prepare.py, and so are the points where
@@ -76,6 +78,36 @@ def _rcp(x):
 
 
 @gluon.jit
+def _to_f32(x):
+    """x in fp32. bf16 pairs are unpacked by one shift and one mask (the compiler's conversion moves the high
+    half down first: three instructions a pair instead of two; exact either way)."""
+    if x.dtype == gl.bfloat16:
+        return gl.inline_asm_elementwise("shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, 0xFFFF0000;", "=r,=r,r", [x],
+                                         dtype=gl.float32, is_pure=True, pack=2)
+    else:
+        return x.to(gl.float32)
+
+
+@gluon.jit
+def _split_f16(x):
+    """x ≈ hi + lo in fp16, hi = x rounded, lo = the exact rest rounded: the conversions the compiler makes for
+    x.to(fp16) and (x − hi).to(fp16), with each pair packed in the order the operand wants (the compiler's
+    own packing swaps half of them back with a byte permute)."""
+    return gl.inline_asm_elementwise(
+        """{
+        .reg .b16 h0, h1;
+        .reg .f32 f0, f1;
+        cvt.rn.f16x2.f32 $0, $3, $2;
+        mov.b32 {h0, h1}, $0;
+        cvt.f32.f16 f0, h0;
+        cvt.f32.f16 f1, h1;
+        sub.f32 f0, $2, f0;
+        sub.f32 f1, $3, f1;
+        cvt.rn.f16x2.f32 $1, f1, f0;
+        }""", "=r,=r,r,r", [x], dtype=(gl.float16, gl.float16), is_pure=True, pack=2)
+
+
+@gluon.jit
 def _trunc_bf16(x):
     """x with its low 16 mantissa bits cleared: exactly representable in bf16 (one bit mask, where rounding
     to bf16 and back costs a conversion each way); x − _trunc_bf16(x) is exact in fp32."""
@@ -98,10 +130,25 @@ def _store_rows(dst, row_stride, smem, R: gl.constexpr, C: gl.constexpr, L_ROWS:
 
 
 @gluon.jit
-def _block_decays(h, in_g, ap_s, c_g, d_g, o_t, lower_bound, KB: gl.constexpr, BT: gl.constexpr,
+def _last_column(x, R: gl.constexpr, BT: gl.constexpr):
+    """Column BT − 1 of the [R, BT] wgmma accumulator x (N = BT), per row, in x's row layout. The accumulator
+    holds column 8j + 2l + e in register (j, e) of lane l (mod 4): the in-thread picks are free splits and only
+    the lane pick is a reduction (a masked sum over all BT columns adds every register of the thread first)."""
+    gl.static_assert(BT == 32, "written for BT = 32: j = 3 is the last of two splits")
+    y = gl.reshape(x, [R, BT // 8, 4, 2])                    # [row, j, l, e]
+    _, y = gl.split(y)                                        # e = 1
+    y = gl.reshape(gl.permute(y, (0, 2, 1)), [R, 4, BT // 16, 2])    # [row, l, j // 2, j % 2]
+    _, y = gl.split(y)                                        # j odd
+    _, y = gl.split(y)                                        # j = BT // 8 − 1 (BT = 32)
+    o_l = gl.arange(0, 4, layout=gl.SliceLayout(0, y.type.layout))
+    return gl.convert_layout(gl.sum(gl.where(o_l[None, :] == 3, y, 0.0), 1), gl.SliceLayout(1, x.type.layout))
+
+
+@gluon.jit
+def _block_decays(h, in_g, ap_s, c_g, d_g, lower_bound, KB: gl.constexpr, BT: gl.constexpr,
                   USE_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr, acc: gl.constexpr, a_op: gl.constexpr):
     """(G − r)ᵀ of channels h·KB .. (h + 1)·KB − 1 from their g rows in in_g[h], and r = G_last / 2 per channel."""
-    b_g = gl.convert_layout(in_g.index(h).permute((1, 0)).load(a_op), acc).to(gl.float32)
+    b_g = _to_f32(gl.convert_layout(in_g.index(h).permute((1, 0)).load(a_op), acc))
     # Per-step log-decay in base 2 (chunk_prepare._log2_decay, the same folding).
     if USE_GATE:
         if HAS_DT_BIAS:
@@ -118,8 +165,7 @@ def _block_decays(h, in_g, ap_s, c_g, d_g, o_t, lower_bound, KB: gl.constexpr, B
     # for fp16's normal range carry under 2^-25 of a. Otherwise a = hi + mid + lo exactly in bf16 (two
     # truncating splits leave at most 8 significant bits for lo), whatever its size.
     if USE_GATE:
-        a_hi = b_a.to(gl.float16)
-        a_lo = (b_a - a_hi.to(gl.float32)).to(gl.float16)
+        a_hi, a_lo = _split_f16(b_a)
         b_d = warpgroup_mma(gl.convert_layout(a_hi, a_op), ap_s, gl.zeros([KB, BT], gl.float32, layout=acc),
                             is_async=True)
     else:
@@ -132,7 +178,7 @@ def _block_decays(h, in_g, ap_s, c_g, d_g, o_t, lower_bound, KB: gl.constexpr, B
     b_d = warpgroup_mma(gl.convert_layout(a_lo, a_op), ap_s, b_d, is_async=True)
     b_d = warpgroup_mma_wait(0, deps=[b_d])
     # r = G_last / 2 is (G − r) at the last token; every decay factor below is e^{±(G − r)} times one of these.
-    r_ref = gl.sum(gl.where(o_t[None, :] == BT - 1, b_d, 0.0), 1)
+    r_ref = _last_column(b_d, KB, BT)
     return b_d, r_ref
 
 
@@ -144,13 +190,13 @@ def _block_operands(b_d, e_r, q_src, k_src, pq_blk, qg_dst, kneg_dst, kt_dst, in
     The destinations may be the source tiles: every thread has read them before the first store."""
     # q, then k: one input tile live at a time.
     e_pos = _ex2(b_d)
-    b_q = gl.convert_layout(q_src.permute((1, 0)).load(a_op), acc).to(gl.float32)
+    b_q = _to_f32(gl.convert_layout(q_src.permute((1, 0)).load(a_op), acc))
     if USE_L2NORM:
         b_q = b_q * gl.expand_dims(inv_nq, 0)
     q_pos = b_q * e_pos
     pq_blk.slice(BT, BT).store(gl.permute(q_pos.to(gl.bfloat16), (1, 0)))
     b_qg = (q_pos * gl.expand_dims(e_r * scale, 1)).to(gl.bfloat16)                       # Qg
-    b_k = gl.convert_layout(k_src.permute((1, 0)).load(a_op), acc).to(gl.float32)
+    b_k = _to_f32(gl.convert_layout(k_src.permute((1, 0)).load(a_op), acc))
     if USE_L2NORM:
         b_k = b_k * gl.expand_dims(inv_nk, 0)
     pq_blk.slice(0, BT).store(gl.permute((b_k * e_pos).to(gl.bfloat16), (1, 0)))
@@ -162,7 +208,7 @@ def _block_operands(b_d, e_r, q_src, k_src, pq_blk, qg_dst, kneg_dst, kt_dst, in
 
 
 @gluon.jit
-def _channel_block(h, in_g, in_kq, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, o_t, gl_ptr, i_c, i_hv, HV,
+def _channel_block(h, in_g, in_kq, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, gl_ptr, i_c, i_hv, HV,
                    scale, lower_bound, K: gl.constexpr, KB: gl.constexpr, BT: gl.constexpr,
                    USE_L2NORM: gl.constexpr, USE_GATE: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
                    acc: gl.constexpr, a_op: gl.constexpr):
@@ -170,7 +216,7 @@ def _channel_block(h, in_g, in_kq, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g, o_t, gl
     operands of [L; Aqk] into pq_s[h] (k̂⊙e^{G−r}; q̂⊙e^{G−r}) and k's tile in_kq[2h] (k̂⊙e^{r−G}), Qg into
     in_g[h], Kt into q's tile in_kq[2h + 1], gl to global. Returns e^r of these channels (W's factor)."""
     o_c = h * KB + gl.arange(0, KB, layout=gl.SliceLayout(1, acc))
-    b_d, r_ref = _block_decays(h, in_g, ap_s, c_g, d_g, o_t, lower_bound, KB, BT, USE_GATE, HAS_DT_BIAS, acc, a_op)
+    b_d, r_ref = _block_decays(h, in_g, ap_s, c_g, d_g, lower_bound, KB, BT, USE_GATE, HAS_DT_BIAS, acc, a_op)
     e_r = _ex2(r_ref)
     gl.store(gl_ptr + (i_c * HV + i_hv) * K + o_c, _ex2(2.0 * r_ref))             # e^{G_last}
     _block_operands(b_d, e_r, in_kq.index(2 * h + 1), in_kq.index(2 * h), pq_s.index(h), in_g.index(h),
@@ -444,11 +490,11 @@ def _chunk_prepare_gluon_kernel(
     inv_nq = 1.0
     if USE_L2NORM:
         inv_nk, inv_nq = _inv_norms(in_kq, 0, nrm_s, 0, NKB, BT, KB, per_col)
-    e_r0 = _channel_block(0, in_g, in_kq, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g0, o_t, gl_ptr, i_c, i_hv,
+    e_r0 = _channel_block(0, in_g, in_kq, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g0, gl_ptr, i_c, i_hv,
                           HV, scale, lower_bound, K, KB, BT, USE_L2NORM, USE_GATE, HAS_DT_BIAS, acc, a_op)
     e_r1 = e_r0
     if NKB == 2:
-        e_r1 = _channel_block(1, in_g, in_kq, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g1, o_t, gl_ptr, i_c,
+        e_r1 = _channel_block(1, in_g, in_kq, pq_s, ap_s, inv_nk, inv_nq, c_g, d_g1, gl_ptr, i_c,
                               i_hv, HV, scale, lower_bound, K, KB, BT, USE_L2NORM, USE_GATE, HAS_DT_BIAS, acc, a_op)
     fence_async_shared()
     _cta_barrier()

@@ -125,13 +125,13 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
         _cta_barrier()                               # the inputs and A'ᵀ are in shared memory
 
         inv_nk, inv_nq = _inv_norms(in_kq, 2 * B0, nrm_all, P, 2, BT, KB, per_col)
-        b_d, r_ref = _block_decays(B0, in_g, ap_s, c_g, d_g0, o_t, lower_bound, KB, BT, True, True, acc, a_op)
+        b_d, r_ref = _block_decays(B0, in_g, ap_s, c_g, d_g0, lower_bound, KB, BT, True, True, acc, a_op)
         e_r0 = _ex2(r_ref)
         mbarrier.wait(free.index(P), (it & 1) ^ 1)   # the chain is done with this producer's previous chunk
         gl_s.slice(0, KB).store(_ex2(2.0 * r_ref))
         _block_operands(b_d, e_r0, in_kq.index(2 * B0 + 1), in_kq.index(2 * B0), pq_s.index(B0), qg_all.index(B0),
                         in_kq.index(2 * B0), kt_all.index(B0), inv_nk, inv_nq, scale, BT, True, acc, a_op)
-        b_d, r_ref = _block_decays(B0 + 1, in_g, ap_s, c_g, d_g1, o_t, lower_bound, KB, BT, True, True, acc, a_op)
+        b_d, r_ref = _block_decays(B0 + 1, in_g, ap_s, c_g, d_g1, lower_bound, KB, BT, True, True, acc, a_op)
         e_r1 = _ex2(r_ref)
         gl_s.slice(KB, KB).store(_ex2(2.0 * r_ref))
         _block_operands(b_d, e_r1, in_kq.index(2 * B0 + 3), in_kq.index(2 * B0 + 2), pq_s.index(B0 + 1),
