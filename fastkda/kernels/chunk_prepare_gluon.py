@@ -79,13 +79,11 @@ def _rcp(x):
 
 @gluon.jit
 def _to_f32(x):
-    """x in fp32. bf16 pairs are unpacked by one shift and one mask (the compiler's conversion moves the high
+    """bf16 x in fp32: each pair unpacked by one shift and one mask (the compiler's conversion moves the high
     half down first: three instructions a pair instead of two; exact either way)."""
-    if x.dtype == gl.bfloat16:
-        return gl.inline_asm_elementwise("shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, 0xFFFF0000;", "=r,=r,r", [x],
-                                         dtype=gl.float32, is_pure=True, pack=2)
-    else:
-        return x.to(gl.float32)
+    gl.static_assert(x.dtype == gl.bfloat16, "bf16 inputs only (gluon_stage1_applies)")
+    return gl.inline_asm_elementwise("shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, 0xFFFF0000;", "=r,=r,r", [x],
+                                     dtype=gl.float32, is_pure=True, pack=2)
 
 
 @gluon.jit
