@@ -2,6 +2,7 @@
 
     python benchmarks/ab_trees.py prepare REV                      # here: REV's fastkda/ into .ab/COMMIT/
     python benchmarks/ab_trees.py run .ab/COMMIT . --json OUT.json # on the device (carry .ab): A, B, A, B, ...
+    python benchmarks/ab_trees.py bits .ab/COMMIT . --json OUT.json  # on the device: same outputs, to the bit?
 
 Machines differ by a few percent (docs/perf-notes.md), more than many changes gain, so a change is judged
 on one machine, its runs interleaved so that drift hits both builds alike. `run` runs `python -m fastkda.bench`
@@ -12,11 +13,18 @@ PYTHONPATH and a run from the repository root would import the root's fastkda wh
 summary: per task the mean of the rounds' medians for each build, B's change against A, the geomeans, and
 whether every validation passed. The device copy has no .git, so `prepare` runs here and `.ab/` travels as a
 carried path.
+
+`bits` asks whether a change that should not move a single bit (a reordering, an exact rewrite) moved none:
+each tree computes the outputs and final states of BIT_CASES (partial chunks, packed sequences, initial states,
+both routes) from the same inputs, made on the CPU from fixed seeds, and the two trees' results are compared
+bit for bit per route, and tree B's two routes against each other (the fused kernel and the two stages give
+the same bits by design: fused_gluon.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -161,6 +169,119 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+# Cases of the bit check: (sequence lengths, value heads, initial state?), K = V = 128, packed. Partial chunks
+# (lengths not multiples of 32), one-token and one-chunk sequences, a long one beside short ones, many short ones.
+BIT_CASES = (
+    ((8192,), 96, False), ((1000, 33, 4096, 77, 2500), 64, True), ((1024,) * 8, 96, True),
+    ((31, 32, 33, 65, 200, 1), 64, True), ((3000, 2999), 32, False), ((32,) * 90, 64, True),
+    ((4097,), 64, True), ((511, 1537, 2049), 96, False), ((64, 64, 64, 700), 16, True),
+)
+ROUTES = {"fused": True, "two": False, "rule": None}    # kernels.FUSED for each route
+
+
+def bit_inputs(lens: Sequence[int], heads: int, with_state: bool, seed: int, D: int = 128):
+    """The inputs of one bit-check case (fastkda.chunk_kda's, gate, norms and β sigmoid in the kernel), made on
+    the CPU from ``seed`` so that every tree and device sees the same values."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+    return dict(
+        q=randn(1, T, heads, D).bfloat16(), k=randn(1, T, heads, D).bfloat16(), v=randn(1, T, heads, D).bfloat16(),
+        g=(2 * randn(1, T, heads, D)).bfloat16(), beta=randn(1, T, heads).bfloat16(),
+        A_log=2 * torch.rand(heads, generator=gen) - 1, dt_bias=0.5 * randn(heads * D),
+        initial_state=0.1 * randn(len(lens), heads, D, D) if with_state else None,
+        cu_seqlens=torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32))
+
+
+def tree_outputs(path: Path, route: str, cases=BIT_CASES, device: Optional[str] = None) -> None:
+    """In a tree (its working directory, PYTHONPATH): every case's output and final state through ``route``
+    (kernels.FUSED), saved to ``path``. On a machine without CUDA the reference runs (routes alike)."""
+    import torch
+    import fastkda
+    from fastkda import kernels
+    if Path.cwd().resolve() not in Path(fastkda.__file__).resolve().parents:
+        raise RuntimeError(f"fastkda imported from {fastkda.__file__}, not from the tree {Path.cwd()}")
+    kernels.FUSED = ROUTES[route]
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    results = []
+    for i, (lens, heads, with_state) in enumerate(cases):
+        x = {n: (t.to(device) if t is not None else None) for n, t in bit_inputs(lens, heads, with_state, 1234 + i).items()}
+        out, state = fastkda.chunk_kda(**x, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                       use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)
+        results.append((out.cpu(), state.cpu()))
+    torch.save(results, path)
+
+
+def _bits(t):
+    import torch
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def compare_outputs(a: list, b: list) -> dict:
+    """Case by case: whether outputs and final states agree to the bit, and their largest difference."""
+    import torch
+    if len(a) != len(b):
+        raise ValueError(f"the two results hold {len(a)} and {len(b)} cases")
+    cases = []
+    for (out_a, st_a), (out_b, st_b) in zip(a, b):
+        row = {}
+        for name, x, y in (("out", out_a, out_b), ("final_state", st_a, st_b)):
+            same_shape = x.shape == y.shape and x.dtype == y.dtype
+            row[f"{name}_equal"] = same_shape and torch.equal(_bits(x), _bits(y))
+            row[f"{name}_max_abs_diff"] = (x.float() - y.float()).abs().max().item() if same_shape else None
+        cases.append(row)
+    return {"equal": all(r["out_equal"] and r["final_state_equal"] for r in cases), "cases": cases}
+
+
+def bits(tree_a: Path, tree_b: Path, *, routes: Sequence[str] = ("fused", "two"), work_dir: Path,
+         cases=BIT_CASES, log=print) -> dict:
+    """Each tree's outputs per route (a process per tree and route, run in the tree); tree A against tree B per
+    route, and tree B's routes against each other."""
+    for r in routes:
+        if r not in ROUTES:
+            raise ValueError(f"routes: expected names from {sorted(ROUTES)}, got {r!r}")
+    trees = {"A": Path(tree_a).resolve(), "B": Path(tree_b).resolve()}
+    for name, tree in trees.items():
+        if not (tree / "fastkda" / "__init__.py").exists():
+            raise ValueError(f"tree {name}: no fastkda package in {tree}")
+        check_tree(tree)
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    import torch
+    saved = {}
+    for name, tree in trees.items():
+        for r in routes:
+            path = work_dir / f"bits-{name}-{r}.pt"
+            code = ("import sys; sys.path.insert(0, sys.argv[1]); import ab_trees, json; "
+                    "ab_trees.tree_outputs(ab_trees.Path(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]))")
+            proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent), str(path), r,
+                                   json.dumps(cases)], cwd=tree, env=_env(tree), capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"tree {name}, route {r}: exit {proc.returncode}: {proc.stderr.strip()[-800:]}")
+            saved[f"{name}:{r}"] = torch.load(path)
+            log(f"tree {name} route {r}: outputs saved")
+    pairs = [(f"A:{r}", f"B:{r}") for r in routes] + list(itertools.combinations([f"B:{r}" for r in routes], 2))
+    comparisons = [dict(a=a, b=b, **compare_outputs(saved[a], saved[b])) for a, b in pairs]
+    return {"what": "outputs and final states of two builds, bit for bit (benchmarks/ab_trees.py bits)",
+            "trees": {n: str(t) for n, t in trees.items()},
+            "commits": {n: tree_commit(t) for n, t in trees.items()},
+            "cases": [{"seq_lens": list(lens), "heads": heads, "initial_state": st} for lens, heads, st in cases],
+            "comparisons": comparisons, "all_equal": all(c["equal"] for c in comparisons)}
+
+
+def format_bits(summary: dict) -> str:
+    lines = []
+    for c in summary["comparisons"]:
+        differ = [i for i, r in enumerate(c["cases"]) if not (r["out_equal"] and r["final_state_equal"])]
+        lines.append(f"{c['a']} vs {c['b']}: " + ("bitwise equal" if c["equal"] else
+                                                   f"DIFFER in cases {differ}"))
+    lines.append("ALL BITWISE EQUAL" if summary["all_equal"] else "NOT EQUAL")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -173,6 +294,12 @@ def main(argv=None):
     r.add_argument("--rounds", type=int, default=2)
     r.add_argument("--out-dir", default=None, help="the bench JSONs and logs (default: next to --json)")
     r.add_argument("--json", required=True, help="the summary")
+    b = sub.add_parser("bits", help="outputs and final states of two trees, bit for bit (on the device)")
+    b.add_argument("tree_a")
+    b.add_argument("tree_b")
+    b.add_argument("--routes", default="fused,two", help="comma-separated, of fused, two, rule (default fused,two)")
+    b.add_argument("--work-dir", default=None, help="the saved outputs (default: a temporary folder)")
+    b.add_argument("--json", required=True, help="the summary")
     # What follows `--` goes to the bench untouched: split off before parsing (a REMAINDER positional would
     # also swallow this command's own options written after the trees, as the usage line writes them).
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -181,6 +308,13 @@ def main(argv=None):
     if args.cmd == "prepare":
         print(prepare(args.rev))
         return
+    if args.cmd == "bits":
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = bits(Path(args.tree_a), Path(args.tree_b), routes=args.routes.split(","),
+                           work_dir=Path(args.work_dir or tmp))
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+        print(format_bits(summary))
+        raise SystemExit(0 if summary["all_equal"] else 1)
     bench_args = argv[cut + 1:] or ["--no-peers"]
     out_dir = Path(args.out_dir) if args.out_dir else Path(args.json).resolve().parent / "ab-runs"
     summary = run(Path(args.tree_a), Path(args.tree_b), rounds=args.rounds, bench_args=bench_args, out_dir=out_dir)

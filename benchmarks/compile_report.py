@@ -95,14 +95,21 @@ def report(compiled) -> str:
     if run.returncode != 0:
         return f"ptxas failed: {run.stderr.strip()[-400:]}"
     lines = [ln.strip() for ln in run.stderr.splitlines() if "registers" in ln or "spill" in ln]
-    if _SERIALIZED in run.stderr:
-        lines.append(f"wgmma SERIALIZED ({_SERIALIZED})")
+    codes = serialized_codes(run.stderr)
+    if codes:
+        lines.append(f"wgmma SERIALIZED ({', '.join(codes)})")
     return f"shared {compiled.metadata.shared} B; " + "; ".join(lines)
 
 
-# ptxas's note that it serialised every wgmma of a kernel for lack of registers (each product then waits for
-# the one before): a cliff, not a slope -- the Gluon stage 1 near its register cap fell off it in session 8.
-_SERIALIZED = "C7511"
+# ptxas's notes that it serialised every wgmma of a kernel (each product then waits for the one before): a
+# cliff, not a slope -- the Gluon stage 1 near its register cap fell off it in session 8 (C7511), variants of the
+# fused chain in sessions 23 and 27 (C7512, "insufficient register resources" too, another code).
+_SERIALIZED = re.compile(r"\((C75\d\d)\)[^\n]*wgmma\S* instructions are serialized")
+
+
+def serialized_codes(ptxas_log: str) -> list:
+    """The codes of ptxas's notes that it serialised a kernel's wgmma products, in order of appearance."""
+    return _SERIALIZED.findall(ptxas_log)
 
 
 # Bytes per thread moved by one shared- or local-memory instruction, by its width suffix.
@@ -240,7 +247,7 @@ def check_all(D: int) -> int:
             compiled = compile_sm90(kernel, consts, warps, stages, nreg, source=source, types=types)
             if "SERIALIZED" in report(compiled):
                 failed += 1
-                print(f"FAILED  {name}: ptxas serialises its wgmma products ({_SERIALIZED}: too few registers)")
+                print(f"FAILED  {name}: ptxas serialises its wgmma products (too few registers)")
                 continue
             print(f"ok      {name}: {len(compiled.asm['cubin'])} bytes of cubin")
         except Exception as exc:                       # report every configuration, not just the first failure

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -138,3 +139,65 @@ def test_the_command_line_takes_its_options_after_the_trees_and_passes_the_rest_
     assert json.loads(summary.read_text())["change"] == {}
     ab_trees.main(["run", "ta", "tb", "--json", str(summary)])
     assert seen["bench_args"] == ["--no-peers"] and seen["rounds"] == 2
+
+
+TINY_CASES = (((5, 40), 2, True), ((33,), 1, False))
+
+
+@needs_git
+def test_bits_finds_two_trees_of_one_commit_equal(tmp_path):
+    a = ab_trees.prepare("HEAD", tmp_path / "a")
+    b = ab_trees.prepare("HEAD", tmp_path / "b")
+    summary = ab_trees.bits(a, b, work_dir=tmp_path / "w", cases=TINY_CASES, log=lambda *_: None)
+    assert [(c["a"], c["b"]) for c in summary["comparisons"]] == [("A:fused", "B:fused"), ("A:two", "B:two"),
+                                                                 ("B:fused", "B:two")]
+    assert summary["all_equal"] and all(len(c["cases"]) == 2 for c in summary["comparisons"])
+    assert summary["cases"][0] == {"seq_lens": [5, 40], "heads": 2, "initial_state": True}
+    assert ab_trees.format_bits(summary).endswith("ALL BITWISE EQUAL")
+
+
+@needs_git
+def test_bits_catches_one_ulp_in_one_final_state_element(tmp_path):
+    a = ab_trees.prepare("HEAD", tmp_path / "a")
+    b = ab_trees.prepare("HEAD", tmp_path / "b")
+    with open(b / "fastkda" / "__init__.py", "a") as f:        # tree B nudges one element of the final state
+        f.write("\nimport torch as _t\n_api_chunk_kda = chunk_kda\n\n"
+                "def chunk_kda(*args, **kwargs):\n"
+                "    o, s = _api_chunk_kda(*args, **kwargs)\n"
+                "    s[-1, -1, -1, -1] = _t.nextafter(s[-1, -1, -1, -1], _t.tensor(_t.inf))\n"
+                "    return o, s\n")
+    summary = ab_trees.bits(a, b, routes=("fused",), work_dir=tmp_path / "w", cases=TINY_CASES, log=lambda *_: None)
+    (comparison,) = summary["comparisons"]
+    assert not summary["all_equal"] and not comparison["equal"]
+    assert [r["out_equal"] for r in comparison["cases"]] == [True, True]
+    assert [r["final_state_equal"] for r in comparison["cases"]] == [False, False]
+    assert 0 < comparison["cases"][1]["final_state_max_abs_diff"] < 1e-6
+    assert "DIFFER in cases [0, 1]" in ab_trees.format_bits(summary)
+
+
+def test_bit_inputs_are_the_same_for_the_same_seed_and_shaped_for_packed_sequences():
+    x, y = ab_trees.bit_inputs((3, 4), 2, True, seed=7), ab_trees.bit_inputs((3, 4), 2, True, seed=7)
+    assert all(torch.equal(x[n], y[n]) for n in x if x[n] is not None)
+    assert not torch.equal(x["q"], ab_trees.bit_inputs((3, 4), 2, True, seed=8)["q"])
+    assert x["q"].shape == (1, 7, 2, 128) and x["beta"].shape == (1, 7, 2)
+    assert x["initial_state"].shape == (2, 2, 128, 128) and x["cu_seqlens"].tolist() == [0, 3, 7]
+    assert ab_trees.bit_inputs((3,), 1, False, seed=7)["initial_state"] is None
+
+
+def test_compare_outputs_reports_shape_and_value_mismatches():
+    out = torch.zeros(1, 4, 1, 8, dtype=torch.bfloat16)
+    state = torch.zeros(1, 1, 8, 8)
+    minus_zero = torch.full_like(state, -0.0)                  # equal as numbers, not as bits
+    r = ab_trees.compare_outputs([(out, state)], [(out, minus_zero)])
+    assert not r["equal"] and r["cases"][0]["out_equal"] and not r["cases"][0]["final_state_equal"]
+    assert r["cases"][0]["final_state_max_abs_diff"] == 0.0
+    r = ab_trees.compare_outputs([(out, state)], [(out.float(), state)])
+    assert not r["cases"][0]["out_equal"] and r["cases"][0]["out_max_abs_diff"] is None
+    with pytest.raises(ValueError, match="cases"):
+        ab_trees.compare_outputs([(out, state)], [])
+
+
+def test_bits_refuses_an_unknown_route(tmp_path):
+    a, b = _trees(tmp_path)
+    with pytest.raises(ValueError, match="routes"):
+        ab_trees.bits(a, b, routes=("fast",), work_dir=tmp_path / "w")

@@ -29,3 +29,16 @@ def test_every_launcher_configuration_compiles_for_sm90(head_dim):
     expected = 15 + 3 * (head_dim == 128)
     assert run.returncode == 0 and len(lines) == expected and all(line.startswith("ok") for line in lines), (
         run.stdout + run.stderr[-3000:])
+
+
+def test_the_report_recognises_every_note_of_serialised_wgmma_products():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import compile_report
+    note = ("ptxas info    : ({}) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+            "insufficient register resources for the function '_fused_kernel'")
+    log = "\n".join(["ptxas info    : Used 168 registers, used 4 barriers", note.format("C7512"), note.format("C7511")])
+    assert compile_report.serialized_codes(log) == ["C7512", "C7511"]
+    # another performance note, and a clean log, are not serialisation
+    assert compile_report.serialized_codes(
+        "ptxas info    : (C7599) Potential Performance Loss: an injected wait\n"
+        "ptxas info    : Used 168 registers, 0 bytes spill stores") == []
