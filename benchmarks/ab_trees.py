@@ -90,6 +90,16 @@ def check_tree(tree: Path, python: str = sys.executable) -> None:
         raise RuntimeError(f"a run from {tree} imports fastkda from {got}, not from the tree")
 
 
+def _checked_trees(tree_a: Path, tree_b: Path) -> Dict[str, Path]:
+    """{"A": tree_a, "B": tree_b}, resolved, each holding fastkda and importing it from itself."""
+    trees = {"A": Path(tree_a).resolve(), "B": Path(tree_b).resolve()}
+    for name, tree in trees.items():
+        if not (tree / "fastkda" / "__init__.py").exists():
+            raise ValueError(f"tree {name}: no fastkda package in {tree}")
+        check_tree(tree)
+    return trees
+
+
 def bench_command(json_path: Path, bench_args: Sequence[str], python: str = sys.executable) -> List[str]:
     return [python, "-m", "fastkda.bench", "--no-png", "--json", str(json_path), *bench_args]
 
@@ -99,11 +109,7 @@ def run(tree_a: Path, tree_b: Path, *, rounds: int = 2, bench_args: Sequence[str
     """Interleaved bench runs (A, B per round) of two trees; the bench JSONs in out_dir; returns the summary."""
     if rounds < 1:
         raise ValueError(f"rounds: expected at least 1, got {rounds}")
-    trees = {"A": Path(tree_a).resolve(), "B": Path(tree_b).resolve()}
-    for name, tree in trees.items():
-        if not (tree / "fastkda" / "__init__.py").exists():
-            raise ValueError(f"tree {name}: no fastkda package in {tree}")
-        check_tree(tree)
+    trees = _checked_trees(tree_a, tree_b)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs: Dict[str, List[dict]] = {"A": [], "B": []}
@@ -243,11 +249,7 @@ def bits(tree_a: Path, tree_b: Path, *, routes: Sequence[str] = ("fused", "two")
     for r in routes:
         if r not in ROUTES:
             raise ValueError(f"routes: expected names from {sorted(ROUTES)}, got {r!r}")
-    trees = {"A": Path(tree_a).resolve(), "B": Path(tree_b).resolve()}
-    for name, tree in trees.items():
-        if not (tree / "fastkda" / "__init__.py").exists():
-            raise ValueError(f"tree {name}: no fastkda package in {tree}")
-        check_tree(tree)
+    trees = _checked_trees(tree_a, tree_b)
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     import torch
