@@ -202,7 +202,7 @@ def bit_inputs(lens: Sequence[int], heads: int, with_state: bool, seed: int, D: 
         cu_seqlens=torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32))
 
 
-def tree_outputs(path: Path, route: str, cases=BIT_CASES, device: Optional[str] = None) -> None:
+def tree_outputs(path: Path, route: str, cases=BIT_CASES) -> None:
     """In a tree (its working directory, PYTHONPATH): every case's output and final state through ``route``
     (kernels.FUSED), saved to ``path``. On a machine without CUDA the reference runs (routes alike)."""
     import torch
@@ -211,7 +211,7 @@ def tree_outputs(path: Path, route: str, cases=BIT_CASES, device: Optional[str] 
     if Path.cwd().resolve() not in Path(fastkda.__file__).resolve().parents:
         raise RuntimeError(f"fastkda imported from {fastkda.__file__}, not from the tree {Path.cwd()}")
     kernels.FUSED = ROUTES[route]
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     results = []
     for i, (lens, heads, with_state) in enumerate(cases):
         x = {n: (t.to(device) if t is not None else None) for n, t in bit_inputs(lens, heads, with_state, 1234 + i).items()}
