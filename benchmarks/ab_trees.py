@@ -3,6 +3,7 @@
     python benchmarks/ab_trees.py prepare REV                      # here: REV's fastkda/ into .ab/COMMIT/
     python benchmarks/ab_trees.py run .ab/COMMIT . --json OUT.json # on the device (carry .ab): A, B, A, B, ...
     python benchmarks/ab_trees.py bits .ab/COMMIT . --json OUT.json  # on the device: same outputs, to the bit?
+    python benchmarks/ab_trees.py time TREE... --tasks T1,T2 --route fused --json OUT.json   # GPU times only
 
 Machines differ by a few percent (docs/perf-notes.md), more than many changes gain, so a change is judged
 on one machine, its runs interleaved so that drift hits both builds alike. `run` runs `python -m fastkda.bench`
@@ -19,6 +20,11 @@ each tree computes the outputs and final states of BIT_CASES (partial chunks, pa
 both routes) from the same inputs, made on the CPU from fixed seeds, and the two trees' results are compared
 bit for bit per route, and tree B's two routes against each other (the fused kernel and the two stages give
 the same bits by design: fused_gluon.py).
+
+`time` compares any number of trees (variants, ablations whose results are wrong by design) on GPU time alone:
+CUDA-graph replays of fastkda.fwd on named bench tasks through one route, a process per tree and round, the
+trees interleaved within each round, no validation. Check outputs with `bits` (or `run`) before believing a
+faster variant.
 """
 
 from __future__ import annotations
@@ -90,14 +96,22 @@ def check_tree(tree: Path, python: str = sys.executable) -> None:
         raise RuntimeError(f"a run from {tree} imports fastkda from {got}, not from the tree")
 
 
-def _checked_trees(tree_a: Path, tree_b: Path) -> Dict[str, Path]:
-    """{"A": tree_a, "B": tree_b}, resolved, each holding fastkda and importing it from itself."""
-    trees = {"A": Path(tree_a).resolve(), "B": Path(tree_b).resolve()}
+def _checked_trees(named: Dict[str, Path]) -> Dict[str, Path]:
+    """The trees by name, resolved, each holding fastkda and importing it from itself."""
+    trees = {name: Path(tree).resolve() for name, tree in named.items()}
     for name, tree in trees.items():
         if not (tree / "fastkda" / "__init__.py").exists():
             raise ValueError(f"tree {name}: no fastkda package in {tree}")
         check_tree(tree)
     return trees
+
+
+def _fastkda_of_this_tree():
+    """fastkda, imported in a tree's process (its working directory); raises unless it comes from that tree."""
+    import fastkda
+    if Path.cwd().resolve() not in Path(fastkda.__file__).resolve().parents:
+        raise RuntimeError(f"fastkda imported from {fastkda.__file__}, not from the tree {Path.cwd()}")
+    return fastkda
 
 
 def bench_command(json_path: Path, bench_args: Sequence[str], python: str = sys.executable) -> List[str]:
@@ -109,7 +123,7 @@ def run(tree_a: Path, tree_b: Path, *, rounds: int = 2, bench_args: Sequence[str
     """Interleaved bench runs (A, B per round) of two trees; the bench JSONs in out_dir; returns the summary."""
     if rounds < 1:
         raise ValueError(f"rounds: expected at least 1, got {rounds}")
-    trees = _checked_trees(tree_a, tree_b)
+    trees = _checked_trees({"A": tree_a, "B": tree_b})
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs: Dict[str, List[dict]] = {"A": [], "B": []}
@@ -206,10 +220,8 @@ def tree_outputs(path: Path, route: str, cases=BIT_CASES) -> None:
     """In a tree (its working directory, PYTHONPATH): every case's output and final state through ``route``
     (kernels.FUSED), saved to ``path``. On a machine without CUDA the reference runs (routes alike)."""
     import torch
-    import fastkda
+    fastkda = _fastkda_of_this_tree()
     from fastkda import kernels
-    if Path.cwd().resolve() not in Path(fastkda.__file__).resolve().parents:
-        raise RuntimeError(f"fastkda imported from {fastkda.__file__}, not from the tree {Path.cwd()}")
     kernels.FUSED = ROUTES[route]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     results = []
@@ -249,7 +261,7 @@ def bits(tree_a: Path, tree_b: Path, *, routes: Sequence[str] = ("fused", "two")
     for r in routes:
         if r not in ROUTES:
             raise ValueError(f"routes: expected names from {sorted(ROUTES)}, got {r!r}")
-    trees = _checked_trees(tree_a, tree_b)
+    trees = _checked_trees({"A": tree_a, "B": tree_b})
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     import torch
@@ -284,6 +296,96 @@ def format_bits(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def tree_times(tasks: Sequence[str], route: str, warmup: int, repeats: int) -> Dict[str, float]:
+    """In a tree (its working directory, PYTHONPATH): the median GPU time (ms) of fastkda.fwd on each named bench
+    task through ``route`` (kernels.FUSED), from CUDA-graph replays. No validation: for variants whose outputs
+    `bits` checks, or ablations that are wrong by design."""
+    fastkda = _fastkda_of_this_tree()
+    from fastkda import kernels
+    from fastkda.bench.impls import bind_fwd
+    from fastkda.bench.tasks import make_inputs, select_tasks
+    from fastkda.bench.timing import time_cuda_graph
+    kernels.FUSED = ROUTES[route]
+    times = {}
+    for task in select_tasks(tasks):
+        call = bind_fwd(fastkda.fwd, make_inputs(task, "cuda", 0))
+        times[task.name] = time_cuda_graph(call, warmup=warmup, repeats=repeats).median_ms
+    return times
+
+
+def tree_times_command(tasks: Sequence[str], route: str, warmup: int, repeats: int) -> List[str]:
+    """The process that runs tree_times in a tree and prints its result as the last line of JSON."""
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import ab_trees; "
+            "print(json.dumps(ab_trees.tree_times(sys.argv[2].split(','), sys.argv[3], int(sys.argv[4]), "
+            "int(sys.argv[5]))))")
+    return [sys.executable, "-c", code, str(Path(__file__).resolve().parent), ",".join(tasks), route, str(warmup),
+            str(repeats)]
+
+
+def time_trees(trees: Sequence[Path], *, tasks: Sequence[str], route: str = "rule", rounds: int = 3,
+               warmup: int = 10, repeats: int = 200, command: Callable[..., List[str]] = tree_times_command,
+               log=print) -> dict:
+    """GPU times of any number of trees on the named tasks, a process per tree and round, the trees interleaved
+    within each round; per tree and task the mean of the rounds' medians and the change against the first
+    tree. For ablations and many variants in one device call; `run` is the validated A/B of two builds."""
+    if route not in ROUTES:
+        raise ValueError(f"route: expected one of {sorted(ROUTES)}, got {route!r}")
+    if rounds < 1:
+        raise ValueError(f"rounds: expected at least 1, got {rounds}")
+    if not trees:
+        raise ValueError("trees: expected at least one tree")
+    if not tasks:
+        raise ValueError("tasks: expected at least one task name")
+    named = _checked_trees({str(i + 1): tree for i, tree in enumerate(trees)})
+    samples: Dict[str, List[Dict[str, float]]] = {name: [] for name in named}
+    for r in range(rounds):
+        for name, tree in named.items():
+            proc = subprocess.run(command(tasks, route, warmup, repeats), cwd=tree, env=_env(tree),
+                                  capture_output=True, text=True)
+            lines = proc.stdout.strip().splitlines()
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"tree {name} ({tree}), round {r + 1}: exit {proc.returncode}: "
+                                   f"{proc.stderr.strip()[-800:]}")
+            samples[name].append(json.loads(lines[-1]))
+            log(f"tree {name} round {r + 1}: {samples[name][-1]}")
+    return summarize_times(samples, {name: str(tree) for name, tree in named.items()},
+                           {name: tree_commit(tree) for name, tree in named.items()}, route)
+
+
+def summarize_times(samples: Dict[str, List[Dict[str, float]]], trees: Dict[str, str],
+                    commits: Dict[str, Optional[str]], route: str) -> dict:
+    """Per tree and task the mean over rounds of the medians, the change against the first tree, geomeans over
+    the tasks every round of every tree timed."""
+    first = next(iter(samples))
+    tasks = [t for t in samples[first][0] if all(t in s for runs in samples.values() for s in runs)]
+    means = {name: {t: sum(s[t] for s in runs) / len(runs) for t in tasks} for name, runs in samples.items()}
+    geo = {name: _geomean(list(m.values())) for name, m in means.items()} if tasks else {}
+    return {
+        "what": "fastkda.fwd GPU time (CUDA-graph replays, no validation) of several trees on one machine, "
+                "interleaved rounds (benchmarks/ab_trees.py time)",
+        "route": route, "trees": trees, "commits": commits, "rounds": len(samples[first]),
+        "samples_ms": samples, "mean_ms": means,
+        "change": {name: {t: means[name][t] / means[first][t] - 1 for t in tasks} for name in means},
+        "geomean_ms": geo,
+        "geomean_change": {name: g / geo[first] - 1 for name, g in geo.items()} if geo else {},
+    }
+
+
+def format_times(summary: dict) -> str:
+    names = list(summary["mean_ms"])
+    lines = ["| task | " + " | ".join(f"tree {n} ms" for n in names) + " |",
+             "|---|" + "---:|" * len(names)]
+    rows = [(t, {n: summary["mean_ms"][n][t] for n in names}, {n: summary["change"][n][t] for n in names})
+            for t in summary["mean_ms"][names[0]]]
+    if summary["geomean_ms"]:
+        rows.append(("geomean", summary["geomean_ms"], summary["geomean_change"]))
+    for label, ms, change in rows:
+        cells = [f"{ms[n]:.4f}" + ("" if i == 0 else f" ({100 * change[n]:+.1f}%)") for i, n in enumerate(names)]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += [f"tree {n}: {path}" for n, path in summary["trees"].items()]
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -302,6 +404,14 @@ def main(argv=None):
     b.add_argument("--routes", default="fused,two", help="comma-separated, of fused, two, rule (default fused,two)")
     b.add_argument("--work-dir", default=None, help="the saved outputs (default: a temporary folder)")
     b.add_argument("--json", required=True, help="the summary")
+    t = sub.add_parser("time", help="GPU times of any number of trees, interleaved, no validation (on the device)")
+    t.add_argument("trees", nargs="+")
+    t.add_argument("--tasks", required=True, help="comma-separated bench task names (python -m fastkda.bench --list)")
+    t.add_argument("--route", default="rule", help="fused, two or rule (default rule)")
+    t.add_argument("--rounds", type=int, default=3)
+    t.add_argument("--warmup", type=int, default=10)
+    t.add_argument("--repeats", type=int, default=200)
+    t.add_argument("--json", required=True, help="the summary")
     # What follows `--` goes to the bench untouched: split off before parsing (a REMAINDER positional would
     # also swallow this command's own options written after the trees, as the usage line writes them).
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -317,6 +427,12 @@ def main(argv=None):
         Path(args.json).write_text(json.dumps(summary, indent=1))
         print(format_bits(summary))
         raise SystemExit(0 if summary["all_equal"] else 1)
+    if args.cmd == "time":
+        summary = time_trees([Path(x) for x in args.trees], tasks=args.tasks.split(","), route=args.route,
+                             rounds=args.rounds, warmup=args.warmup, repeats=args.repeats)
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+        print(format_times(summary))
+        return
     bench_args = argv[cut + 1:] or ["--no-peers"]
     out_dir = Path(args.out_dir) if args.out_dir else Path(args.json).resolve().parent / "ab-runs"
     summary = run(Path(args.tree_a), Path(args.tree_b), rounds=args.rounds, bench_args=bench_args, out_dir=out_dir)

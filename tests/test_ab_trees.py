@@ -201,3 +201,89 @@ def test_bits_refuses_an_unknown_route(tmp_path):
     a, b = _trees(tmp_path)
     with pytest.raises(ValueError, match="routes"):
         ab_trees.bits(a, b, routes=("fast",), work_dir=tmp_path / "w")
+
+
+FAKE_TIMES = """
+import json, os, sys
+times = json.loads(sys.argv[1])
+tree = os.path.basename(os.getcwd())
+open(os.path.join(sys.argv[2], "order.txt"), "a").write(tree + "\\n")
+print("compiling ...")
+print(json.dumps({t: times[tree][t] for t in sys.argv[3].split(",")}))
+"""
+
+
+def _fake_times(times, log_dir):
+    """A tree_times command whose times depend on the tree it runs in (its working directory)."""
+    def command(tasks, route, warmup, repeats):
+        assert route == "fused" and (warmup, repeats) == (10, 200)
+        return [sys.executable, "-c", FAKE_TIMES, json.dumps(times), str(log_dir), ",".join(tasks)]
+    return command
+
+
+def test_time_trees_interleaves_any_number_of_trees_and_compares_them_with_the_first(tmp_path):
+    a, b = _trees(tmp_path)
+    c = tmp_path / "c"
+    (c / "fastkda").mkdir(parents=True)
+    (c / "fastkda" / "__init__.py").write_text("")
+    times = {"a": {"t1": 1.0, "t2": 4.0}, "b": {"t1": 0.5, "t2": 4.0}, "c": {"t1": 2.0, "t2": 2.0}}
+    summary = ab_trees.time_trees([a, b, c], tasks=["t1", "t2"], route="fused", rounds=2,
+                                  command=_fake_times(times, tmp_path), log=lambda *_: None)
+    assert (tmp_path / "order.txt").read_text().split() == ["a", "b", "c"] * 2
+    assert summary["rounds"] == 2 and summary["route"] == "fused"
+    assert summary["mean_ms"] == {"1": times["a"], "2": times["b"], "3": times["c"]}
+    assert summary["change"]["2"] == {"t1": -0.5, "t2": 0.0} and summary["change"]["1"] == {"t1": 0.0, "t2": 0.0}
+    assert summary["geomean_ms"]["3"] == pytest.approx(2.0)
+    assert summary["geomean_change"]["2"] == pytest.approx(2 ** -0.5 - 1)
+    table = ab_trees.format_times(summary)
+    assert "| geomean | 2.0000 | 1.4142 (-29.3%) | 2.0000 (+0.0%) |" in table
+    assert f"tree 3: {c.resolve()}" in table
+
+
+def test_summarize_times_keeps_only_tasks_every_round_of_every_tree_timed():
+    samples = {"1": [{"t1": 1.0, "t2": 2.0}, {"t1": 3.0, "t2": 2.0}], "2": [{"t1": 2.0}, {"t1": 2.0, "t2": 1.0}]}
+    summary = ab_trees.summarize_times(samples, {"1": "a", "2": "b"}, {"1": None, "2": None}, "rule")
+    assert summary["mean_ms"] == {"1": {"t1": 2.0}, "2": {"t1": 2.0}}
+    assert summary["change"]["2"] == {"t1": 0.0}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(route="fast"), "route"), (dict(rounds=0), "rounds"), (dict(tasks=[]), "tasks")])
+def test_time_trees_refuses_bad_arguments(tmp_path, kwargs, match):
+    a, _ = _trees(tmp_path)
+    args = dict(dict(tasks=["t1"], route="fused", rounds=1, log=lambda *_: None), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        ab_trees.time_trees([a], **args)
+    with pytest.raises(ValueError, match="trees"):
+        ab_trees.time_trees([], tasks=["t1"])
+
+
+def test_time_trees_reports_a_tree_whose_process_fails(tmp_path):
+    a, _ = _trees(tmp_path)
+
+    def failing(tasks, route, warmup, repeats):
+        return [sys.executable, "-c", "import sys; sys.exit('no GPU here')"]
+    with pytest.raises(RuntimeError, match="tree 1 .*no GPU here"):
+        ab_trees.time_trees([a], tasks=["t1"], rounds=1, command=failing, log=lambda *_: None)
+
+
+def test_the_time_command_line_passes_its_options(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_time_trees(trees, **kwargs):
+        seen.update(trees=trees, **kwargs)
+        return ab_trees.summarize_times({"1": [{"t": 1.0}]}, {"1": "x"}, {"1": None}, kwargs["route"])
+
+    monkeypatch.setattr(ab_trees, "time_trees", fake_time_trees)
+    out = tmp_path / "t.json"
+    ab_trees.main(["time", "ta", "tb", "tc", "--tasks", "x,y", "--route", "two", "--rounds", "2", "--json", str(out)])
+    assert seen == {"trees": [Path("ta"), Path("tb"), Path("tc")], "tasks": ["x", "y"], "route": "two", "rounds": 2,
+                    "warmup": 10, "repeats": 200}
+    assert json.loads(out.read_text())["route"] == "two"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_time_runs_the_library_on_a_bench_task(tmp_path):
+    summary = ab_trees.time_trees([ROOT, ROOT], tasks=["H64_varlen_1024x8"], route="fused", rounds=1, warmup=2,
+                                  repeats=5, log=lambda *_: None)
+    assert 0 < summary["mean_ms"]["1"]["H64_varlen_1024x8"] < 100
