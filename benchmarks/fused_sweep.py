@@ -32,12 +32,14 @@ from fastkda import kernels
 from fastkda.bench.tasks import Task, make_inputs
 from fastkda.bench.timing import time_cuda, time_cuda_graph
 
-# Around the rule's bounds (kernels.fused_by_rule, 132 SMs): fixed-length, waves 0.42–0.97 full; packed, 2.5
-# programs per SM, 256 tokens on average, and one long sequence among short ones (which the rule cannot see).
-# Sessions 17 and 19 in docs/perf-notes.md; use --graph where the host is slow (session 19).
+# Around the rule's bounds (kernels.fused_by_rule, 132 SMs): fixed-length, waves 0.42–0.97 full (the bound: 0.75
+# in one wave, 0.7 in more); packed, 2.5 programs per SM, 256 tokens on average, and one long sequence among
+# short ones (which the rule cannot see). Sessions 17, 19 and 29 in docs/perf-notes.md; use --graph where the
+# host is slow (session 19).
 DEFAULT_SHAPES = (
-    "H128xB1x8192", "H112xB1x8192", "H96xB1x8192", "H64xB1x8192", "H64xB1x4096", "H56xB1x4096", "H96xB1x1024",
-    "H32xB2x4096", "H70xB2x2048", "H90xB2x2048", "H96xB2x2048", "H100xB2x2048", "H64xB4x2048", "H90xB3x1024",
+    "H128xB1x8192", "H112xB1x8192", "H104xB1x8192", "H100xB1x8192", "H96xB1x8192", "H64xB1x8192", "H104xB1x4096",
+    "H96xB1x4096", "H64xB1x4096", "H56xB1x4096", "H96xB1x1024", "H32xB2x4096", "H70xB2x2048", "H88xB2x4096",
+    "H96xB2x4096", "H100xB2x2048", "H64xB4x2048", "H90xB3x2048", "H90xB3x1024",
     "H16xB8x1024",
     "H16x8x1024", "H32x8x1024", "H40x8x1024", "H42x8x1024", "H64x8x1024", "H96x8x1024", "H32x64x256",
     "H32x256x64", "H64x16x128", "H4x1x8192+32x300", "H4x1x8192+100x300", "H32x1x8192+64x64",

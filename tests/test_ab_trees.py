@@ -164,7 +164,7 @@ def test_bits_catches_one_ulp_in_one_final_state_element(tmp_path):
         f.write("\nimport torch as _t\n_api_chunk_kda = chunk_kda\n\n"
                 "def chunk_kda(*args, **kwargs):\n"
                 "    o, s = _api_chunk_kda(*args, **kwargs)\n"
-                "    s[-1, -1, -1, -1] = _t.nextafter(s[-1, -1, -1, -1], _t.tensor(_t.inf))\n"
+                "    s[-1, -1, -1, -1] = _t.nextafter(s[-1, -1, -1, -1], _t.tensor(_t.inf, device=s.device))\n"
                 "    return o, s\n")
     summary = ab_trees.bits(a, b, routes=("fused",), work_dir=tmp_path / "w", cases=TINY_CASES, log=lambda *_: None)
     (comparison,) = summary["comparisons"]

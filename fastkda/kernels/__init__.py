@@ -14,10 +14,10 @@
                                                       stage2_ring); writes out, state
 
 Fused (fused_gluon.py; Hopper, bf16, K = V = 128, the gate, the l2 norm and the β sigmoid; by fused_by_rule:
-many packed sequences, or fixed-length ones whose (sequence, head) programs fill the SMs' waves, sequences not
-short; or short fixed-length ones in one wave, where the two stages' host time sets a call's time): stage 0 for
-the sequence order (packed), then one program per (sequence, value head) does both stages' work, the chunk
-tensors staying in shared memory.
+many packed sequences (or fewer, where the host knows the longest), or fixed-length ones whose (sequence, head)
+programs fill the SMs' waves, sequences not short; or short fixed-length ones in one wave, where the two stages'
+host time sets a call's time): stage 0 for the sequence order (packed), then one program per (sequence, value
+head) does both stages' work, the chunk tensors staying in shared memory.
 
 Wide stage 2 (stage2_wide; many heads, sequences not short: stage 2 bound by memory traffic): both value
 blocks of a head in one program of two warpgroups, which copies the head's stage-1 tiles once, not twice.
@@ -76,7 +76,8 @@ ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first 
 FUSED = None          # the fused kernel: None by rule (fused_by_rule); a bool forces it where fused_applies
 FUSED_MIN_TOKENS = 256            # ... by rule: sequences this long on average, and, packed,
 FUSED_MIN_PROGRAMS_PER_SM = 2.5   # ... at least this many (sequence, head) programs per SM; fixed-length,
-FUSED_MIN_WAVE_FILL = 0.8         # ... waves of programs at least this full on average
+FUSED_MIN_WAVE_FILL = 0.75        # ... one wave of programs at least this full,
+FUSED_MIN_WAVES_FILL = 0.7        # ... two waves or more at least this full on average
 FUSED_MAX_LONGEST_SHARE = 1.5     # packed, where the longest sequence is known: at most this many SM shares
 FUSED_SHORT_TOKENS = 1024         # fixed-length sequences this short in one wave: fused (host time, fused_by_rule)
 FUSED_PRODUCER_REGS = 136   # registers per thread of each of the fused kernel's two producer warpgroups (128 spills)
@@ -484,11 +485,11 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
                   max_seqlen: Optional[int] = None) -> bool:
     """Whether the fused kernel runs (where it applies). It runs one program per (sequence, head), each alone on
     its SM (200 KB of shared memory) and as long as its sequence: its time is its waves of programs times one
-    sequence's chunks (~2.9 µs each on the H200), however full the waves are. The two stages spread the same
+    sequence's chunks (~2.6 µs each on the H200), however full the waves are. The two stages spread the same
     work over every SM, at ~1.3 µs per chunk on a sequence's chain. So, with sequences of FUSED_MIN_TOKENS or
     more on average:
-      - fixed-length (every sequence as long): the waves at least FUSED_MIN_WAVE_FILL full, counted as
-        programs / (waves · SMs);
+      - fixed-length (every sequence as long): the waves at least FUSED_MIN_WAVE_FILL full in one wave,
+        FUSED_MIN_WAVES_FILL in two or more, counted as programs / (waves · SMs);
       - packed: FUSED_MIN_PROGRAMS_PER_SM programs per SM, and, where the host knows the longest sequence
         (``max_seqlen``, from ``cu_seqlens_cpu``), that sequence at most FUSED_MAX_LONGEST_SHARE times one
         SM's share of the tokens (HV · T_total / SMs). A longer one runs on alone after the others have
@@ -496,11 +497,17 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
         4–16 heads), −13..−3% against the two stages at 0.5–1.5 shares, +15% at 1.8–2.0, +58% at 2.9, 2.4–3.1x
         slower at 7–15. Without ``max_seqlen`` the rule sees only the average; many programs per SM make such
         a mix less likely, not impossible.
-    Measured on the H200, GPU time (CUDA graphs; docs/perf-notes.md, sessions 19 and 20;
-    benchmarks/results/fused-sweep-h200-2026-12-01*.json): fixed-length waves 0.85–0.97 full −3..−17% against
-    the two stages, 0.73–0.76 full +0..+12%, 0.42–0.68 full +7..+75%; packed, 336–2,048 programs of 256–1,024
-    tokens −11..−18% (128–320 programs −8..−20% too, left to the two stages for the mixes above). FUSED forces
-    either route.
+      - packed, fewer programs, ``max_seqlen`` known: as fixed-length sequences all as long as the longest
+        (HV · T_total / max_seqlen programs, the waves' bounds above). That overstates the fused kernel's time
+        where lengths differ, so it errs toward the two stages.
+    Measured on the H200, GPU time (CUDA graphs; docs/perf-notes.md, sessions 19, 20 and 29;
+    benchmarks/results/fused-sweep-h200-2026-12-0*.json). Fixed-length, the fused kernel takes ~82 ns per token
+    and wave, the two stages ~110–114 ns per token and 132 programs in one wave, ~115–119 in two or three: the
+    fused kernel is faster from ~0.75 full in one wave, ~0.70 in more (session 29, 2,048–16,384 tokens: one wave
+    0.79–0.85 full −4..−13%, 0.76 full −5..+1%, 0.73 full +3..+4% at 4,096–8,192 tokens but −3% at 16,384;
+    two waves 0.73–0.79 full −3..−7%, 0.67 full +0..+3%; three waves 0.68 full +3%). Packed, 336–2,048
+    programs of 256–1,024 tokens −11..−18%; 128–320 programs of 1,024 tokens −13..−23%, left to the two stages
+    unless the host knows the longest sequence (one long sequence among short ones). FUSED forces either route.
 
     Fixed-length sequences of at most FUSED_SHORT_TOKENS in one wave of programs take the fused kernel whatever the
     wave's fill: there a call is host-bound on the two stages (two launches, their stage-1 tensors and
@@ -513,11 +520,14 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
         return True
     if T_total < FUSED_MIN_TOKENS * N:
         return False
-    if packed:
-        return (programs >= FUSED_MIN_PROGRAMS_PER_SM * sm_count
-                and (max_seqlen is None or max_seqlen * sm_count <= FUSED_MAX_LONGEST_SHARE * HV * T_total))
-    waves = -(-programs // sm_count)
-    return programs >= FUSED_MIN_WAVE_FILL * waves * sm_count
+    if packed and programs >= FUSED_MIN_PROGRAMS_PER_SM * sm_count:
+        return max_seqlen is None or max_seqlen * sm_count <= FUSED_MAX_LONGEST_SHARE * HV * T_total
+    if packed and max_seqlen is None:
+        return False
+    # Waves of programs as long as the longest sequence (fixed-length: every one): HV · T_total / longest of them.
+    work, longest = HV * T_total, (max_seqlen if packed else T_total // N)
+    waves = -(-work // (sm_count * longest))
+    return work >= (FUSED_MIN_WAVE_FILL if waves == 1 else FUSED_MIN_WAVES_FILL) * waves * sm_count * longest
 
 
 def run_fused(q, k, v, g, beta, *, scale, out, final_state, A_log, dt_bias, lower_bound, initial_state, cu_seqlens,
