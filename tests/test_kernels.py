@@ -617,7 +617,12 @@ def test_fused_kernel_by_rule(monkeypatch):
     assert not longest(6, 32, mixed, 3063)              # 192 programs: one wave of 3,063 tokens 0.65 full
     assert longest(6, 48, mixed, 3063) and not packed(6, 48, mixed)         # 0.97 full; by the average alone
     assert not longest(16, 8, 1024 + 15 * 600, 1024) and longest(16, 8, 16 * 1024, 1024)   # 0.59; 0.97
-    assert not longest(8, 16, 8 * 255, 255)             # still: sequences of FUSED_MIN_TOKENS on average
+    # the longest known, sequences need only FUSED_MIN_TOKENS_KNOWN tokens on average (the longest is bounded)
+    assert longest(256, 32, 256 * 64, 64) and not packed(256, 32, 256 * 64)   # 8,192 programs of 64 tokens
+    assert not longest(512, 32, 512 * 63, 63) and not longest(8, 16, 8 * 63, 63)
+    assert longest(1 + 128, 32, 2048 + 128 * 64, 2048)  # 0.83 shares, 79 tokens on average
+    assert not longest(1 + 64, 32, 8192 + 64 * 64, 8192)     # 2.75 shares
+    assert not longest(1 + 256, 16, 4096 + 256 * 32, 4096)   # 48 tokens on average
     # the bounds, exactly
     least = math.ceil(kernels.FUSED_MIN_PROGRAMS_PER_SM * S)
     assert packed(least, 1, least * 256) and not packed(least - 1, 1, (least - 1) * 256)
@@ -674,6 +679,9 @@ def test_the_forward_takes_the_fused_kernel_by_rule(monkeypatch):
     # fewer programs, the longest known: two waves of 8 × 256 tokens, 1.0 full; of 5, 0.63
     assert route(lens=[256] * 8, max_seqlen=256) == "fused" and route(lens=[256] * 8) == "two stages"
     assert route(lens=[256] * 5, max_seqlen=256) == "two stages"
+    # ... and sequences of FUSED_MIN_TOKENS_KNOWN on average suffice
+    assert route(lens=[64] * 10, max_seqlen=64) == "fused" and route(lens=[64] * 10) == "two stages"
+    assert route(lens=[63] * 10, max_seqlen=63) == "two stages"
     # fixed-length: one wave at least 0.75 full (3 of 4 programs), two at least 0.7 (6 of 8), not 0.5 (2
     # programs) or 0.625 (5) ...
     long = kernels.FUSED_SHORT_TOKENS + 32

@@ -74,7 +74,8 @@ WINDOW_SM_SHARE = 4   # windows only while stage 2 has at most one program per W
 ORDER_IN_KERNEL = 256    # up to this many packed sequences their longest-first order is ranked in stage 0
                          # (N² comparisons in one program; a power of two); beyond, sorted by torch
 FUSED = None          # the fused kernel: None by rule (fused_by_rule); a bool forces it where fused_applies
-FUSED_MIN_TOKENS = 256            # ... by rule: sequences this long on average, and, packed,
+FUSED_MIN_TOKENS = 256            # ... by rule: sequences this long on average (packed, the longest known:
+FUSED_MIN_TOKENS_KNOWN = 64       # ... this long), and, packed,
 FUSED_MIN_PROGRAMS_PER_SM = 2.5   # ... at least this many (sequence, head) programs per SM; fixed-length,
 FUSED_MIN_WAVE_FILL = 0.75        # ... one wave of programs at least this full,
 FUSED_MIN_WAVES_FILL = 0.7        # ... two waves or more at least this full on average
@@ -500,6 +501,9 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
       - packed, fewer programs, ``max_seqlen`` known: as fixed-length sequences all as long as the longest
         (HV · T_total / max_seqlen programs, the waves' bounds above). That overstates the fused kernel's time
         where lengths differ, so it errs toward the two stages.
+    With ``max_seqlen`` known (packed), the bound on the longest sequence does what the bound on the average
+    length does without it, so the average need only be FUSED_MIN_TOKENS_KNOWN: 4,096–8,192 programs of 64–192
+    tokens −5..−14% against the two stages, of 32 tokens +4..+7% (GPU time), of 16 +20%.
     Measured on the H200, GPU time (CUDA graphs; docs/perf-notes.md, sessions 19, 20 and 29;
     benchmarks/results/fused-sweep-h200-2026-12-0*.json). Fixed-length, the fused kernel takes ~82 ns per token
     and wave, the two stages ~110–114 ns per token and 132 programs in one wave, ~115–119 in two or three: the
@@ -518,11 +522,12 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
     programs = N * HV
     if not packed and T_total <= FUSED_SHORT_TOKENS * N and programs <= sm_count:
         return True
-    if T_total < FUSED_MIN_TOKENS * N:
+    known = packed and max_seqlen is not None
+    if T_total < (FUSED_MIN_TOKENS_KNOWN if known else FUSED_MIN_TOKENS) * N:
         return False
     if packed and programs >= FUSED_MIN_PROGRAMS_PER_SM * sm_count:
-        return max_seqlen is None or max_seqlen * sm_count <= FUSED_MAX_LONGEST_SHARE * HV * T_total
-    if packed and max_seqlen is None:
+        return not known or max_seqlen * sm_count <= FUSED_MAX_LONGEST_SHARE * HV * T_total
+    if packed and not known:
         return False
     # Waves of programs as long as the longest sequence (fixed-length: every one): HV · T_total / longest of them.
     work, longest = HV * T_total, (max_seqlen if packed else T_total // N)
