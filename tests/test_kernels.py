@@ -532,6 +532,37 @@ def test_fused_kernel_gives_the_two_stage_results_bit_for_bit(lens, B, T, H, HV,
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="the fused kernel is a Gluon kernel (Hopper)")
+def test_a_sequence_gets_the_same_bits_in_any_batch(monkeypatch):
+    # Each (sequence, head) is computed on its own on either route, and the routes give the same bits, so a
+    # sequence's output and final state do not depend on the batch it is served in: alone, in a fixed-length
+    # batch, or packed among others at any offset, fused or in two stages (the route follows the batch's shape).
+    from fastkda import kernels
+    from fastkda.kernels import _is_hopper
+    if not _is_hopper(torch.device("cuda")):
+        pytest.skip("needs Hopper")
+    L, a = 257, 257 + 100 + 33                        # sequence 3: L tokens from offset a
+    x, p, shape = make(lens=[L, 100, 33, L, 1, 64], H=2, HV=2, K=128, V=128, seed=5)
+    h0 = p["initial_state"]
+    alone = ({n: t[:, a:a + L].contiguous() for n, t in x.items()}, dict(p, initial_state=h0[3:4].clone(),
+             cu_seqlens=None), (1,) + shape[1:])
+    pair = ({n: torch.cat([t[:, :L], t[:, a:a + L]]) for n, t in x.items()}, dict(p, initial_state=h0[[0, 3]],
+            cu_seqlens=None), (2,) + shape[1:])
+    launched = record_launches(monkeypatch)
+    monkeypatch.setattr(kernels, "FUSED", False)
+    o_ref, s_ref = run_triton(*alone)
+    for fused in (False, True):
+        monkeypatch.setattr(kernels, "FUSED", fused)
+        launched.clear()
+        o, s = run_triton(*alone)
+        assert torch.equal(o, o_ref) and torch.equal(s, s_ref)
+        o, s = run_triton(x, p, shape)
+        assert torch.equal(o[:, a:a + L], o_ref) and torch.equal(s[3:4], s_ref)
+        o, s = run_triton(*pair)
+        assert torch.equal(o[1:], o_ref) and torch.equal(s[1:], s_ref)
+        assert launched.count("_fused_kernel") == (3 if fused else 0)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the fused kernel is a Gluon kernel (Hopper)")
 def test_cu_seqlens_cpu_keeps_one_long_sequence_off_the_fused_kernel(monkeypatch):
     # 4 heads, one sequence of 8,192 tokens among 100 of 300: 404 programs, fused by the average alone, where it
     # is 2.4x slower (fused_sweep); with cu_seqlens_cpu the rule sees the longest sequence and runs the two
