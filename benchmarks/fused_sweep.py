@@ -1,7 +1,7 @@
 """The fused kernel against the two stages over packed shapes: the data behind kernels.fused_by_rule.
 
     python benchmarks/fused_sweep.py [--shapes H32x8x1024,H4x1x8192+32x300,H64xB2x4096,...] [--graph]
-                                     [--repeats 40] [--rounds 3] [--json PATH]
+                                     [--sustain SECONDS] [--repeats 40] [--rounds 3] [--json PATH]
 
 A shape is H heads × N packed sequences × L tokens each (H32x8x1024), or several such groups packed in turn
 (H4x1x8192+32x300: one sequence of 8,192 tokens, then 32 of 300; without cu_seqlens_cpu the rule sees only
@@ -12,8 +12,11 @@ bitwise first (the fused kernel is written to equal the two stages exactly), the
 interleaved rounds (CUDA events, the mean of the rounds' medians; with --graph each call is replayed from a
 CUDA graph, so that the GPU's time is measured, not a slow host's). Each row says what fused_by_rule picks
 (from a device cu_seqlens alone, and knowing the lengths as from cu_seqlens_cpu) and which route was faster,
-so that a rule picking the slower route shows at once. A diagnosis, not a record:
-records come from `python -m fastkda.bench`.
+so that a rule picking the slower route shows at once. With --sustain each route runs back to back for that
+many seconds before its timed calls in every round, and the SM clock and board power are read (nvidia-smi)
+while it does: the H200 holds its top clock only in short bursts, and a route that draws more power slows
+more under sustained load (docs/perf-notes.md, sessions 25 and 30). A diagnosis, not a record: records come
+from `python -m fastkda.bench`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ import argparse
 import contextlib
 import json
 import re
+import shutil
 import statistics
-from typing import List, Sequence, Tuple
+import subprocess
+import time
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -32,10 +38,10 @@ from fastkda import kernels
 from fastkda.bench.tasks import Task, make_inputs
 from fastkda.bench.timing import time_cuda, time_cuda_graph
 
-# Around the rule's bounds (kernels.fused_by_rule, 132 SMs): fixed-length, waves 0.42–0.97 full (the bound: 0.75
-# in one wave, 0.7 in more); packed, 2.5 programs per SM, 256 tokens on average, and one long sequence among
-# short ones (which the rule cannot see). Sessions 17, 19 and 29 in docs/perf-notes.md; use --graph where the
-# host is slow (session 19).
+# Around the rule's bounds (kernels.fused_by_rule, 132 SMs): fixed-length, waves 0.42–0.97 full (the bound: 0.65,
+# fitted with --sustain); packed, 2.5 programs per SM, 256 tokens on average, and one long sequence among short
+# ones (which the rule cannot see). Sessions 17, 19, 29 and 30 in docs/perf-notes.md; use --graph where the host
+# is slow (session 19).
 DEFAULT_SHAPES = (
     "H128xB1x8192", "H112xB1x8192", "H104xB1x8192", "H100xB1x8192", "H96xB1x8192", "H64xB1x8192", "H104xB1x4096",
     "H96xB1x4096", "H64xB1x4096", "H56xB1x4096", "H96xB1x1024", "H32xB2x4096", "H70xB2x2048", "H88xB2x4096",
@@ -87,8 +93,44 @@ def _route(fused: bool):
         kernels.FUSED = before
 
 
-def measure(name: str, *, repeats: int, rounds: int, seed: int, graph: bool = False) -> dict:
-    """One shape: bitwise comparison of the two routes, then interleaved timings (CUDA)."""
+def read_clock_and_power() -> Optional[Tuple[float, float]]:
+    """(SM clock in MHz, board power in W) of GPU 0 from nvidia-smi, or None where it cannot be read."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--id=0", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+        clock, power = (float(x) for x in out.strip().splitlines()[0].split(","))
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+    return clock, power
+
+
+def sustain(fn, seconds: float, *, batch: int = 50, read=read_clock_and_power,
+            sync=torch.cuda.synchronize) -> List[Tuple[float, float]]:
+    """Runs ``fn()`` back to back for ``seconds`` of wall time, ``batch`` calls queued at a time (``sync()``
+    after each batch); each batch after the first is sampled with ``read()`` while the GPU works through it
+    (the first starts from idle). Returns the readings."""
+    if seconds <= 0:
+        return []
+    readings, t_end, first = [], time.perf_counter() + seconds, True
+    while time.perf_counter() < t_end:
+        for _ in range(batch):
+            fn()
+        if not first:
+            reading = read()
+            if reading is not None:
+                readings.append(reading)
+        first = False
+        sync()
+    return readings
+
+
+def measure(name: str, *, repeats: int, rounds: int, seed: int, graph: bool = False,
+            sustain_s: float = 0.0) -> dict:
+    """One shape: bitwise comparison of the two routes, then interleaved timings (CUDA); with ``sustain_s``
+    each timing follows that many seconds of the route back to back (readings of clock and power kept)."""
     H, lens, fixed = parse_shape(name)
     task = Task(name.strip(), H, lens)
     x = make_inputs(task, "cuda", seed=seed)
@@ -112,19 +154,26 @@ def measure(name: str, *, repeats: int, rounds: int, seed: int, graph: bool = Fa
     torch.cuda.synchronize()
     equal = all(torch.equal(a, b) for a, b in zip(outs[True], outs[False]))
     times = {True: [], False: []}
+    readings = {True: [], False: []}
+    timer = time_cuda_graph if graph else time_cuda
     for _ in range(rounds):
         for fused in (True, False):
-            timer = time_cuda_graph if graph else time_cuda
+            readings[fused] += sustain(lambda: call(fused), sustain_s)
             times[fused].append(timer(lambda: call(fused), warmup=5, repeats=repeats, rounds=1).median_ms)
     fused_ms, two_ms = statistics.mean(times[True]), statistics.mean(times[False])
+    load = {}
+    for fused, key in ((True, "fused"), (False, "two_stages")):
+        if readings[fused]:
+            load[f"{key}_clock_mhz"] = statistics.median(r[0] for r in readings[fused])
+            load[f"{key}_power_w"] = statistics.median(r[1] for r in readings[fused])
     sm_count = torch.cuda.get_device_properties(v.device).multi_processor_count
     return dict(shape=task.name, H=H, N=len(lens), tokens=sum(lens), longest=max(lens), fixed_length=fixed,
-                timing="graph" if graph else "eager", bitwise_equal=equal, fused_ms=fused_ms, two_stages_ms=two_ms,
-                fused_rounds=times[True], two_stages_rounds=times[False],
+                timing="graph" if graph else "eager", sustain_s=sustain_s, bitwise_equal=equal, fused_ms=fused_ms, two_stages_ms=two_ms,
+                fused_rounds=times[True], two_stages_rounds=times[False], **load,
                 **verdict(H, lens, fixed, fused_ms, two_ms, sm_count))
 
 
-def run(shapes: Sequence[str], *, repeats: int = 40, rounds: int = 3, graph: bool = False,
+def run(shapes: Sequence[str], *, repeats: int = 40, rounds: int = 3, graph: bool = False, sustain_s: float = 0.0,
         log=print) -> List[dict]:
     if not torch.cuda.is_available():
         raise SystemExit("fused_sweep: needs a CUDA GPU (the fused kernel is Hopper-only)")
@@ -132,10 +181,12 @@ def run(shapes: Sequence[str], *, repeats: int = 40, rounds: int = 3, graph: boo
         parse_shape(name)                            # every shape is well-formed before the first run
     rows = []
     for i, name in enumerate(shapes):
-        r = measure(name, repeats=repeats, rounds=rounds, seed=100 + i, graph=graph)
+        r = measure(name, repeats=repeats, rounds=rounds, seed=100 + i, graph=graph, sustain_s=sustain_s)
         rows.append(r)
+        load = "".join(f"  {key}: {r[key + '_clock_mhz']:.0f} MHz {r[key + '_power_w']:.0f} W"
+                       for key in ("fused", "two_stages") if key + "_clock_mhz" in r)
         log(f"{r['shape']:<18} {r['programs']:5d} programs  fused {r['fused_ms']:.3f}  two stages "
-            f"{r['two_stages_ms']:.3f} ms ({r['fused_vs_two_stages']:+.1%})  rule: {r['rule_picks']:<10}"
+            f"{r['two_stages_ms']:.3f} ms ({r['fused_vs_two_stages']:+.1%}){load}  rule: {r['rule_picks']:<10}"
             f"{'' if r['rule_right'] else '  <- the slower route'}"
             f"{'' if r['rule_right_knowing_lengths'] else '  (knowing the lengths: the slower route)'}"
             f"{'' if r['bitwise_equal'] else '  NOT BITWISE EQUAL'}")
@@ -148,12 +199,17 @@ def main(argv=None):
                                                    "by +) or H<heads>xB<batch>x<tokens> (fixed-length; default: a "
                                                    "sweep around the rule's bounds)")
     ap.add_argument("--graph", action="store_true", help="time CUDA graph replays (the GPU's time alone)")
+    ap.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
+                    help="run each route back to back this long before its timed calls, every round (load: clock "
+                         "and power read while it runs)")
     ap.add_argument("--repeats", type=int, default=40, help="timed calls per round and route")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     shapes = args.shapes.split(",") if args.shapes else list(DEFAULT_SHAPES)
-    rows = run(shapes, repeats=args.repeats, rounds=args.rounds, graph=args.graph)
+    if args.sustain < 0:
+        raise SystemExit(f"fused_sweep: --sustain must be >= 0 seconds, got {args.sustain}")
+    rows = run(shapes, repeats=args.repeats, rounds=args.rounds, graph=args.graph, sustain_s=args.sustain)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"what": "fused kernel against the two stages (benchmarks/fused_sweep.py)",

@@ -1,6 +1,8 @@
 """benchmarks/fused_sweep.py: shapes parse strictly, and each row's verdict says whether the dispatch rule picked the
 faster route (the point of the sweep)."""
 
+import time
+
 import pytest
 import torch
 
@@ -68,3 +70,33 @@ def test_both_routes_agree_bitwise_and_are_timed():
     row = tool.measure("H4xB3x100", repeats=3, rounds=1, seed=0, graph=True)
     assert row["bitwise_equal"] and row["fixed_length"] and row["timing"] == "graph"
     assert row["fused_ms"] > 0 and row["two_stages_ms"] > 0 and len(row["fused_rounds"]) == 1
+    row = tool.measure("H4xB3x100", repeats=3, rounds=1, seed=0, sustain_s=0.2)
+    assert row["bitwise_equal"] and row["sustain_s"] == 0.2
+    if tool.read_clock_and_power() is not None:      # the load under sustained calls, where nvidia-smi reads it
+        assert row["fused_clock_mhz"] > 0 and row["two_stages_power_w"] > 0
+
+
+def test_sustain_runs_the_call_in_batches_for_its_time_and_reads_the_load_after_the_first():
+    tool = _tool()
+    calls, syncs = [], []
+    readings = iter([(1980.0, 650.0), None, (1755.0, 694.0)] + [(1700.0, 690.0)] * 10_000)
+
+    def call():
+        calls.append(1)
+        time.sleep(0.001)                            # ≥ 7 ms a batch: a few batches in 0.2 s
+    got = tool.sustain(call, 0.2, batch=7, read=lambda: next(readings), sync=lambda: syncs.append(len(calls)))
+    assert len(syncs) >= 4 and syncs == [7 * (i + 1) for i in range(len(syncs))]   # whole batches, then a sync
+    # the first batch starts from idle: not read; a failed reading (None) is skipped
+    assert got[:2] == [(1980.0, 650.0), (1755.0, 694.0)] and len(got) == len(syncs) - 2
+    assert tool.sustain(lambda: calls.append(1), 0.0, sync=lambda: None) == [] and len(calls) == syncs[-1]
+
+
+def test_clock_and_power_are_none_without_nvidia_smi(monkeypatch):
+    tool = _tool()
+    monkeypatch.setattr(tool.shutil, "which", lambda name: None)
+    assert tool.read_clock_and_power() is None
+
+
+def test_a_negative_sustain_is_refused():
+    with pytest.raises(SystemExit, match="--sustain must be >= 0 seconds, got -1.0"):
+        _tool().main(["--sustain", "-1", "--shapes", "H8x2x64"])

@@ -77,8 +77,7 @@ FUSED = None          # the fused kernel: None by rule (fused_by_rule); a bool f
 FUSED_MIN_TOKENS = 256            # ... by rule: sequences this long on average (packed, the longest known:
 FUSED_MIN_TOKENS_KNOWN = 64       # ... this long), and, packed,
 FUSED_MIN_PROGRAMS_PER_SM = 2.5   # ... at least this many (sequence, head) programs per SM; fixed-length,
-FUSED_MIN_WAVE_FILL = 0.75        # ... one wave of programs at least this full,
-FUSED_MIN_WAVES_FILL = 0.7        # ... two waves or more at least this full on average
+FUSED_MIN_WAVE_FILL = 0.65        # ... waves of programs at least this full on average (sustained load)
 FUSED_MAX_LONGEST_SHARE = 1.5     # packed, where the longest sequence is known: at most this many SM shares
 FUSED_SHORT_TOKENS = 1024         # fixed-length sequences this short in one wave: fused (host time, fused_by_rule)
 FUSED_PRODUCER_REGS = 136   # registers per thread of each of the fused kernel's two producer warpgroups (128 spills)
@@ -489,8 +488,8 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
     sequence's chunks (~2.6 µs each on the H200), however full the waves are. The two stages spread the same
     work over every SM, at ~1.3 µs per chunk on a sequence's chain. So, with sequences of FUSED_MIN_TOKENS or
     more on average:
-      - fixed-length (every sequence as long): the waves at least FUSED_MIN_WAVE_FILL full in one wave,
-        FUSED_MIN_WAVES_FILL in two or more, counted as programs / (waves · SMs);
+      - fixed-length (every sequence as long): the waves at least FUSED_MIN_WAVE_FILL full on average,
+        counted as programs / (waves · SMs);
       - packed: FUSED_MIN_PROGRAMS_PER_SM programs per SM, and, where the host knows the longest sequence
         (``max_seqlen``, from ``cu_seqlens_cpu``), that sequence at most FUSED_MAX_LONGEST_SHARE times one
         SM's share of the tokens (HV · T_total / SMs). A longer one runs on alone after the others have
@@ -504,14 +503,18 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
     With ``max_seqlen`` known (packed), the bound on the longest sequence does what the bound on the average
     length does without it, so the average need only be FUSED_MIN_TOKENS_KNOWN: 4,096–8,192 programs of 64–192
     tokens −5..−14% against the two stages, of 32 tokens +4..+7% (GPU time), of 16 +20%.
-    Measured on the H200, GPU time (CUDA graphs; docs/perf-notes.md, sessions 19, 20 and 29;
-    benchmarks/results/fused-sweep-h200-2026-12-0*.json). Fixed-length, the fused kernel takes ~82 ns per token
-    and wave, the two stages ~110–114 ns per token and 132 programs in one wave, ~115–119 in two or three: the
-    fused kernel is faster from ~0.75 full in one wave, ~0.70 in more (session 29, 2,048–16,384 tokens: one wave
-    0.79–0.85 full −4..−13%, 0.76 full −5..+1%, 0.73 full +3..+4% at 4,096–8,192 tokens but −3% at 16,384;
-    two waves 0.73–0.79 full −3..−7%, 0.67 full +0..+3%; three waves 0.68 full +3%). Packed, 336–2,048
-    programs of 256–1,024 tokens −11..−18%; 128–320 programs of 1,024 tokens −13..−23%, left to the two stages
-    unless the host knows the longest sequence (one long sequence among short ones). FUSED forces either route.
+    Measured on the H200 (docs/perf-notes.md, sessions 19, 20, 29 and 30; benchmarks/results/fused-sweep-h200-*.json).
+    Fixed-length, under sustained load (each route back to back for 1.5 s before it is timed, as a serving GPU
+    runs; session 30): the fused kernel holds the top clock (1,980 MHz at 470–650 W: its idle SMs draw little)
+    and takes ~80 ns per token and wave however full the wave, while the two stages, which keep every SM busy and
+    move ~1,950 more bytes per token and head, reach the 700 W limit from ~0.65 full on and slow to 1,700–1,850
+    MHz. So the fused kernel is faster from ~0.65 full in any number of waves: one wave 0.64 full +2%, 0.67 −8%,
+    0.70..0.76 −7..−15% (8,192 tokens; 16,384: −13..−15%); two waves 0.61 full +2%, 0.67 −6%, 0.73 −10%; three
+    waves 0.68 full −8%. In short bursts from a cool board (sessions 29 and 30: graph replays and eager calls, 100
+    at a time) the two stages keep their top clock and lead up to ~0.75 full (0.73 full: +3..+7%). Packed,
+    336–2,048 programs of 256–1,024 tokens −11..−18% (GPU time, graph replays); 128–320 programs of 1,024 tokens
+    −13..−23%, left to the two stages unless the host knows the longest sequence (one long sequence among short
+    ones). FUSED forces either route.
 
     Fixed-length sequences of at most FUSED_SHORT_TOKENS in one wave of programs take the fused kernel whatever the
     wave's fill: there a call is host-bound on the two stages (two launches, their stage-1 tensors and
@@ -532,7 +535,7 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
     # Waves of programs as long as the longest sequence (fixed-length: every one): HV · T_total / longest of them.
     work, longest = HV * T_total, (max_seqlen if packed else T_total // N)
     waves = -(-work // (sm_count * longest))
-    return work >= (FUSED_MIN_WAVE_FILL if waves == 1 else FUSED_MIN_WAVES_FILL) * waves * sm_count * longest
+    return work >= FUSED_MIN_WAVE_FILL * waves * sm_count * longest
 
 
 def run_fused(q, k, v, g, beta, *, scale, out, final_state, A_log, dt_bias, lower_bound, initial_state, cu_seqlens,
