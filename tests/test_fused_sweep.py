@@ -70,10 +70,11 @@ def test_both_routes_agree_bitwise_and_are_timed():
     row = tool.measure("H4xB3x100", repeats=3, rounds=1, seed=0, graph=True)
     assert row["bitwise_equal"] and row["fixed_length"] and row["timing"] == "graph"
     assert row["fused_ms"] > 0 and row["two_stages_ms"] > 0 and len(row["fused_rounds"]) == 1
-    row = tool.measure("H4xB3x100", repeats=3, rounds=1, seed=0, sustain_s=0.2)
-    assert row["bitwise_equal"] and row["sustain_s"] == 0.2
-    if tool.read_clock_and_power() is not None:      # the load under sustained calls, where nvidia-smi reads it
-        assert row["fused_clock_mhz"] > 0 and row["two_stages_power_w"] > 0
+    for graph in (False, True):                      # sustained by eager calls, or by graph replays
+        row = tool.measure("H4xB3x100", repeats=3, rounds=1, seed=0, graph=graph, sustain_s=0.2)
+        assert row["bitwise_equal"] and row["sustain_s"] == 0.2
+        if tool.read_clock_and_power() is not None:  # the load under sustained calls, where nvidia-smi reads it
+            assert row["fused_clock_mhz"] > 0 and row["two_stages_power_w"] > 0
 
 
 def test_sustain_runs_the_call_in_batches_for_its_time_and_reads_the_load_after_the_first():

@@ -508,10 +508,11 @@ def fused_by_rule(N: int, HV: int, T_total: int, sm_count: int, packed: bool,
     runs; session 30): the fused kernel holds the top clock (1,980 MHz at 470–650 W: its idle SMs draw little)
     and takes ~80 ns per token and wave however full the wave, while the two stages, which keep every SM busy and
     move ~1,950 more bytes per token and head, reach the 700 W limit from ~0.65 full on and slow to 1,700–1,850
-    MHz. So the fused kernel is faster from ~0.65 full in any number of waves: one wave 0.64 full +2%, 0.67 −8%,
-    0.70..0.76 −7..−15% (8,192 tokens; 16,384: −13..−15%); two waves 0.61 full +2%, 0.67 −6%, 0.73 −10%; three
-    waves 0.68 full −8%. In short bursts from a cool board (sessions 29 and 30: graph replays and eager calls, 100
-    at a time) the two stages keep their top clock and lead up to ~0.75 full (0.73 full: +3..+7%). Packed,
+    MHz. So the fused kernel is faster from ~0.65 full in any number of waves: one wave 0.61 full +5%, 0.64
+    +2..+5%, 0.65 +0.5%, 0.67–0.76 −5..−15% (8,192 tokens; 16,384: −13..−15%); two waves 0.61 full +2%, 0.64 −1%,
+    0.65–0.73 −3..−10%; three waves 0.68 full −8%; packed 1,024-token sequences, the longest known, 0.61 full
+    +2..+5%, 0.67 −1..−3%. In short bursts from a cool board (sessions 29 and 30: graph replays and eager calls,
+    100 at a time) the two stages keep their top clock and lead up to ~0.75 full (0.73 full: +3..+7%). Packed,
     336–2,048 programs of 256–1,024 tokens −11..−18% (GPU time, graph replays); 128–320 programs of 1,024 tokens
     −13..−23%, left to the two stages unless the host knows the longest sequence (one long sequence among short
     ones). FUSED forces either route.
