@@ -107,15 +107,15 @@ def read_clock_and_power() -> Optional[Tuple[float, float]]:
     return clock, power
 
 
-def sustain(fn, seconds: float, *, batch: int = 50, read=read_clock_and_power,
-            sync=torch.cuda.synchronize) -> List[Tuple[float, float]]:
-    """Runs ``fn()`` back to back for ``seconds`` of wall time, ``batch`` calls queued at a time (``sync()``
-    after each batch); each batch after the first is sampled with ``read()`` while the GPU works through it
-    (the first starts from idle). Returns the readings."""
+def sustain(fn, seconds: float, *, batch: int = 50, read=read_clock_and_power, sync=torch.cuda.synchronize,
+            clock=time.perf_counter) -> List[Tuple[float, float]]:
+    """Runs ``fn()`` back to back for ``seconds`` of wall time (``clock``), ``batch`` calls queued at a time
+    (``sync()`` after each batch); each batch after the first is sampled with ``read()`` while the GPU works
+    through it (the first starts from idle). Returns the readings."""
     if seconds <= 0:
         return []
-    readings, t_end, first = [], time.perf_counter() + seconds, True
-    while time.perf_counter() < t_end:
+    readings, t_end, first = [], clock() + seconds, True
+    while clock() < t_end:
         for _ in range(batch):
             fn()
         if not first:

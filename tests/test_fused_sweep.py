@@ -1,8 +1,6 @@
 """benchmarks/fused_sweep.py: shapes parse strictly, and each row's verdict says whether the dispatch rule picked the
 faster route (the point of the sweep)."""
 
-import time
-
 import pytest
 import torch
 
@@ -80,16 +78,18 @@ def test_both_routes_agree_bitwise_and_are_timed():
 def test_sustain_runs_the_call_in_batches_for_its_time_and_reads_the_load_after_the_first():
     tool = _tool()
     calls, syncs = [], []
-    readings = iter([(1980.0, 650.0), None, (1755.0, 694.0)] + [(1700.0, 690.0)] * 10_000)
+    readings = iter([(1980.0, 650.0), None, (1755.0, 694.0), (1700.0, 690.0)])
+    now = [0.0]
 
-    def call():
+    def call():                                      # each call takes 1 ms of the fake clock: 7 ms a batch
         calls.append(1)
-        time.sleep(0.001)                            # ≥ 7 ms a batch: a few batches in 0.2 s
-    got = tool.sustain(call, 0.2, batch=7, read=lambda: next(readings), sync=lambda: syncs.append(len(calls)))
-    assert len(syncs) >= 4 and syncs == [7 * (i + 1) for i in range(len(syncs))]   # whole batches, then a sync
+        now[0] += 0.001
+    got = tool.sustain(call, 0.03, batch=7, read=lambda: next(readings), sync=lambda: syncs.append(len(calls)),
+                       clock=lambda: now[0])
+    assert syncs == [7, 14, 21, 28, 35]              # whole batches, then a sync, until 30 ms have passed
     # the first batch starts from idle: not read; a failed reading (None) is skipped
-    assert got[:2] == [(1980.0, 650.0), (1755.0, 694.0)] and len(got) == len(syncs) - 2
-    assert tool.sustain(lambda: calls.append(1), 0.0, sync=lambda: None) == [] and len(calls) == syncs[-1]
+    assert got == [(1980.0, 650.0), (1755.0, 694.0), (1700.0, 690.0)]
+    assert tool.sustain(call, 0.0, sync=lambda: None) == [] and len(calls) == 35
 
 
 def test_clock_and_power_are_none_without_nvidia_smi(monkeypatch):
