@@ -16,7 +16,9 @@ does the chunk-local work and leaves its tiles in shared memory of its own. The 
 warps) carries both 64-column halves of Sᵀ in registers, takes the chunks in order, forms −W and runs the
 products. Per producer an mbarrier `ready` (its chunk's tiles are in shared memory) and `free` (the chain is
 done with them); a producer waits for `free` only before its first write of a tile the chain reads, so its
-input copies and the first half of its gate work overlap the chain. The −W products sit in the chain
+input copies and the first half of its gate work overlap the chain. A third, `inputs`, holds the chain's load
+of the initial state until both producers' first input copies have landed: at a wave's start every SM asks
+for both at once, and the inputs, not the state, gate the first chunk (docs/perf-notes.md, session 31). The −W products sit in the chain
 because the chain, not the producers, has time to spare: with them in the producers the fused forward
 broke even with the two stages, in the chain it runs 2–7% faster on packed sequences (docs/perf-notes.md,
 session 17). 200 KB of shared memory: one program per SM, so the kernel pays where its waves of (sequence,
@@ -71,7 +73,8 @@ def _issue_inputs(c, buf, P: gl.constexpr, B0: gl.constexpr, bos, eos, i_hv, i_h
 @gluon.jit
 def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale,
               lower_bound, in_g, in_kq, nrm_all, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all,
-              er_all, v_s, ready, free, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, LOG2_BT: gl.constexpr):
+              er_all, v_s, ready, free, inputs, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+              LOG2_BT: gl.constexpr):
     """Producer P: the chunk-local work of chunks P, P + 2, ... (chunk_prepare_gluon.py's, tiles left in shared
     memory: Qg, Kt, Aqk, tb's halves, the operand k̂⊙e^{G−r} of −W, e^{G_last}, e^r, the values)."""
     KB: gl.constexpr = 64
@@ -102,6 +105,8 @@ def _producer(P: gl.constexpr, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, be
     rb_j = gl.load(beta + (t0p + o_tok0) * HV + i_hv, mask=(t0p + o_tok0) < eos, other=0.0).to(gl.float32)
     if P < n_chunks:
         _issue_inputs(P, 0, P, B0, bos, eos, i_hv, i_h, HV, H, q, k, g, v, in_g, in_kq, v_s, 0, K, V, KB, BT)
+        async_copy.wait_group(0)
+    mbarrier.arrive(inputs.index(0), count=1)        # the first inputs have landed: the initial state may come
     for c in range(P, n_chunks, 2):
         it = c // 2
         # index vectors from an opaque zero, inside the loop: hoisted out of it they stay live and spill
@@ -179,8 +184,8 @@ def _store_output(o_s, b_o, o, rows, i_hv, HV, o_vo, V: gl.constexpr, L_O: gl.co
 
 @gluon.jit
 def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, s_state_v: gl.constexpr, qg_all,
-           kt_all, aq_all, pq_s, lh_all, ll_all, w_all, gl_all, er_all, v_s, o_s, ready, free, K: gl.constexpr,
-           V: gl.constexpr, BT: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
+           kt_all, aq_all, pq_s, lh_all, ll_all, w_all, gl_all, er_all, v_s, o_s, ready, free, inputs,
+           K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """The chain (the program's own warpgroup): both 64-column halves of Sᵀ through the chunks in order, −W of
     each chunk first; the outputs; the final state (its layout's strides compile-time: vector loads and
     stores)."""
@@ -192,6 +197,9 @@ def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, 
     L_O: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BV // 8), BV // 8], [4, 1], [1, 0])
     sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     if HAS_H0:
+        # after both producers' first inputs: at a wave's start every SM asks for both at once, and the chain
+        # needs the state only once the first chunk's tiles are ready, ~3.5 µs of producer work later
+        mbarrier.wait(inputs.index(0), 0)
         b_s0 = gl.load(h0 + _state_offsets(n * HV + i_hv, 0, s_state_k, s_state_v, K, V, BV, acc_k)).to(gl.float32)
         b_s1 = gl.load(h0 + _state_offsets(n * HV + i_hv, 1, s_state_k, s_state_v, K, V, BV, acc_k)).to(gl.float32)
     else:
@@ -278,19 +286,22 @@ def _fused_kernel(q, k, v, g, beta, A_log, dt_bias, h0, ht, o, cu_seqlens, seq_o
     o_s = gl.allocate_shared_memory(gl.bfloat16, [BT, KB], sw_k)
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    inputs = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(free.index(i), count=1)
+    mbarrier.init(inputs.index(0), count=2)
     fence_async_shared()
     # (the partitions' arguments as tuples in the call itself: a tuple built beforehand turns constexprs into
     # tensors)
     gl.warp_specialize([
         (_chain, (n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, S_STATE_K, S_STATE_V, qg_all, kt_all, aq_all, pq_s,
-                  lh_all, ll_all, w_all, gl_all, er_all, v_s, o_s, ready, free, K, V, BT, HAS_H0, STORE_HT)),
+                  lh_all, ll_all, w_all, gl_all, er_all, v_s, o_s, ready, free, inputs, K, V, BT, HAS_H0,
+                  STORE_HT)),
         (_producer, (0, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale, lower_bound,
                      in_g, in_kq, nrm_all, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all, er_all,
-                     v_s, ready, free, K, V, BT, LOG2_BT)),
+                     v_s, ready, free, inputs, K, V, BT, LOG2_BT)),
         (_producer, (1, n_chunks, bos, eos, i_hv, i_h, HV, H, q, k, g, beta, v, A_log, dt_bias, scale, lower_bound,
                      in_g, in_kq, nrm_all, qg_all, kt_all, aq_all, pq_s, ap_all, lh_all, ll_all, t_all, gl_all, er_all,
-                     v_s, ready, free, K, V, BT, LOG2_BT)),
+                     v_s, ready, free, inputs, K, V, BT, LOG2_BT)),
     ], [4, 4], [PRODUCER_REGS, PRODUCER_REGS])
