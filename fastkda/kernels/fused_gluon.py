@@ -18,11 +18,11 @@ products. Per producer an mbarrier `ready` (its chunk's tiles are in shared memo
 done with them); a producer waits for `free` only before its first write of a tile the chain reads, so its
 input copies and the first half of its gate work overlap the chain. A third, `inputs`, holds the chain's load
 of the initial state until both producers' first input copies have landed: at a wave's start every SM asks
-for both at once, and the inputs, not the state, gate the first chunk (docs/perf-notes.md, session 31). The −W products sit in the chain
-because the chain, not the producers, has time to spare: with them in the producers the fused forward
-broke even with the two stages, in the chain it runs 2–7% faster on packed sequences (docs/perf-notes.md,
-session 17). 200 KB of shared memory: one program per SM, so the kernel pays where its waves of (sequence,
-head) programs fill the SMs and sequences are not short (kernels.fused_by_rule).
+for both at once, and the inputs, not the state, gate the first chunk (docs/perf-notes.md, session 31). The
+−W products sit in the chain because the chain, not the producers, has time to spare: with them in the
+producers the fused forward broke even with the two stages, in the chain it runs 2–7% faster on packed
+sequences (docs/perf-notes.md, session 17). 200 KB of shared memory: one program per SM, so the kernel pays
+where its waves of (sequence, head) programs fill the SMs and sequences are not short (kernels.fused_by_rule).
 """
 
 from triton.experimental import gluon
@@ -198,7 +198,7 @@ def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, 
     sw_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     if HAS_H0:
         # after both producers' first inputs: at a wave's start every SM asks for both at once, and the chain
-        # needs the state only once the first chunk's tiles are ready, ~3.5 µs of producer work later
+        # needs the state only once the first chunk's tiles are ready, a producer chunk (~3.5–5.5 µs) later
         mbarrier.wait(inputs.index(0), 0)
         b_s0 = gl.load(h0 + _state_offsets(n * HV + i_hv, 0, s_state_k, s_state_v, K, V, BV, acc_k)).to(gl.float32)
         b_s1 = gl.load(h0 + _state_offsets(n * HV + i_hv, 1, s_state_k, s_state_v, K, V, BV, acc_k)).to(gl.float32)
