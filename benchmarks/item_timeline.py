@@ -7,13 +7,13 @@ its chunks' steady pace (docs/perf-notes.md, session 24). To see where, `stamped
 kernel source with stamps -- the global timer (ns, comparable across SMs) and the SM's cycle counter (exact
 within a program) -- at fixed events, the copy is imported from a temporary folder and launched in place of the
 library's kernel through the library's own route (kernels._gluon). Its outputs must equal the library's to
-the bit, and both are timed side by side (CUDA-graph replays, interleaved rounds), so the stamps' own cost shows (0.3–1.3%
-in session 31).
+the bit, and both are timed side by side (CUDA-graph replays, interleaved rounds), so the stamps' own cost
+shows (0.3–1.3% in session 31).
 
 Events, per program (row of the stamp tensor; globaltimer in columns 0..127, clock64 in 128..255):
     0 the SM's id          1 the chain starts           2 the chain's loop ends      3 the final state is stored
     4 producer 0 starts    5 its first inputs landed    6, 7 producers 0, 1 mark their first chunk ready
-    8 + c the chain has chunk c's tiles (c < MAX_CHUNKS)                127 ... the last chunk's
+    8 + c the chain has chunk c's tiles (c < MAX_CHUNKS)    127 the chain has the last chunk's tiles
 From them `summarize` gives, per program and as medians (over all programs and per wave, a wave being the
 programs that ran n-th on their SM): the first inputs' latency, the first chunk's readiness, the steady
 period between chunks, the last chunk's chain time, the final state's stores, and the gap between a program's
@@ -42,22 +42,22 @@ MAX_CHUNKS = 119                # chunks stamped per program from the first (eve
 LAST_CHUNK = 127                # ... and the last one's event, however long the program
 EVENTS = 128
 
-_HELPERS = '''
+_HELPERS = f'''
 
 @gluon.jit
 def _stamp(stamps, idx):
     """The global timer and the SM's cycle counter of this program at event idx."""
-    base = stamps + gl.program_id(0) * 256
+    base = stamps + gl.program_id(0) * {2 * EVENTS}
     t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
     k = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
     gl.store(base + idx, t)
-    gl.store(base + 128 + idx, k)
+    gl.store(base + {EVENTS} + idx, k)
 
 
 @gluon.jit
 def _stamp_smid(stamps):
     sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    gl.store(stamps + gl.program_id(0) * 256, sm.to(gl.int64))
+    gl.store(stamps + gl.program_id(0) * {2 * EVENTS}, sm.to(gl.int64))
 '''
 
 # (what, anchor, replacement, occurrences): each anchor must occur exactly that often in the kernel source.
@@ -164,8 +164,9 @@ def summarize(stamps: torch.Tensor, n_chunks: Sequence[int]) -> Dict:
                 median={k: _median([r.get(k, float("nan")) for r in rows]) for k in phases}, waves=waves, rows=rows)
 
 
-def program_chunks(task, BT: int = 32) -> List[int]:
+def program_chunks(task) -> List[int]:
     """Chunks of each fused-kernel program (program = sequence in longest-first order × value head)."""
+    from fastkda.kernels import CHUNK_SIZE as BT
     if task.fixed:
         lengths = list(task.seq_lens)
     else:
