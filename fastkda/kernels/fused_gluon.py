@@ -201,7 +201,7 @@ def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, 
         # needs the state only once the first chunk's tiles are ready, a producer chunk (~3.5–5.5 µs) later.
         # Where K is contiguous (state_v_first), loaded in acc_k's rows with 32 contiguous bytes per thread
         # (16-byte loads: a warp reads four whole 512-byte rows, where acc_k's 8-byte pieces touch eight) and
-        # moved to acc_k through a small shared scratch (−0.5% on the packed tasks: docs/perf-notes.md, session 32)
+        # moved to acc_k through a small shared scratch (packed tasks −0.4..−1.4%: docs/perf-notes.md, session 32)
         L_ROWS: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [0, 64]],
             lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
@@ -209,9 +209,11 @@ def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, 
         L_LOAD: gl.constexpr = L_ROWS if s_state_k == 1 else acc_k
         mbarrier.wait(inputs.index(0), 0)
         b_s0 = gl.convert_layout(
-            gl.load(h0 + _state_offsets(n * HV + i_hv, 0, s_state_k, s_state_v, K, V, BV, L_LOAD)), acc_k).to(gl.float32)
+            gl.load(h0 + _state_offsets(n * HV + i_hv, 0, s_state_k, s_state_v, K, V, BV, L_LOAD)), acc_k
+        ).to(gl.float32)
         b_s1 = gl.convert_layout(
-            gl.load(h0 + _state_offsets(n * HV + i_hv, 1, s_state_k, s_state_v, K, V, BV, L_LOAD)), acc_k).to(gl.float32)
+            gl.load(h0 + _state_offsets(n * HV + i_hv, 1, s_state_k, s_state_v, K, V, BV, L_LOAD)), acc_k
+        ).to(gl.float32)
     else:
         b_s0 = gl.zeros([BV, K], gl.float32, layout=acc_k)
         b_s1 = gl.zeros([BV, K], gl.float32, layout=acc_k)
