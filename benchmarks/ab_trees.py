@@ -1,6 +1,7 @@
 """Two builds of fastkda timed side by side on one machine: the forward before and after a change.
 
     python benchmarks/ab_trees.py prepare REV                      # here: REV's fastkda/ into .ab/COMMIT/
+    python benchmarks/ab_trees.py prepare REV --patch FILE.diff    # ... with a prepared variant applied
     python benchmarks/ab_trees.py run .ab/COMMIT . --json OUT.json # on the device (carry .ab): A, B, A, B, ...
     python benchmarks/ab_trees.py bits .ab/COMMIT . --json OUT.json  # on the device: same outputs, to the bit?
     python benchmarks/ab_trees.py time TREE... --tasks T1,T2 --route fused --json OUT.json   # GPU times only
@@ -13,7 +14,9 @@ PYTHONPATH and a run from the repository root would import the root's fastkda wh
 (session 15 did that once). Before timing, each build's import is checked to come from its tree. The
 summary: per task the mean of the rounds' medians for each build, B's change against A, the geomeans, and
 whether every validation passed. The device copy has no .git, so `prepare` runs here and `.ab/` travels as a
-carried path.
+carried path. `--patch` applies a diff (`git diff` output, such as docs/variants/*.diff: variants prepared in one
+session for the next, since branches do not travel between sessions) to the prepared package; the tree is named
+COMMIT+PATCH and its marker names the patch and its hash.
 
 `bits` asks whether a change that should not move a single bit (a reordering, an exact rewrite) moved none:
 each tree computes the outputs and final states of BIT_CASES (partial chunks, packed sequences, initial states,
@@ -30,6 +33,7 @@ faster variant.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import math
@@ -46,31 +50,46 @@ ROOT = Path(__file__).resolve().parents[1]
 AB_DIR = ROOT / ".ab"
 
 
-def prepare(rev: str, out_dir: Path = AB_DIR, repo: Path = ROOT) -> Path:
+def prepare(rev: str, out_dir: Path = AB_DIR, repo: Path = ROOT, patch: Optional[Path] = None) -> Path:
     """``rev``'s fastkda package (git archive) into out_dir/<its commit, 12 digits>/, replacing what was there (a
-    name like HEAD or a branch moves); returns that tree."""
+    name like HEAD or a branch moves); with ``patch`` (a diff with a/ and b/ paths from the repository root) applied,
+    into out_dir/<commit>+<patch name>/. Returns that tree; a patch that does not apply leaves no tree."""
     full = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=repo, capture_output=True,
                           text=True)
     if full.returncode != 0:
         raise ValueError(f"rev: not a commit of {repo}: {rev!r}")
-    tree = Path(out_dir) / full.stdout.strip()[:12]
+    commit = full.stdout.strip()
+    if patch is not None and not Path(patch).is_file():
+        raise ValueError(f"patch: no such file: {str(patch)!r}")
+    tree = Path(out_dir) / (commit[:12] + (f"+{Path(patch).stem}" if patch is not None else ""))
     if tree.exists():
         shutil.rmtree(tree)
     tree.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "fastkda.tar"
-        subprocess.run(["git", "archive", "-o", str(archive), full.stdout.strip(), "fastkda"], cwd=repo, check=True)
+        subprocess.run(["git", "archive", "-o", str(archive), commit, "fastkda"], cwd=repo, check=True)
         with tarfile.open(archive) as tar:
             try:
                 tar.extractall(tree, filter="data")
             except TypeError:                       # Python without extraction filters
                 tar.extractall(tree)
-    (tree / "AB_COMMIT").write_text(full.stdout.strip() + "\n")
+    marker = commit
+    if patch is not None:
+        # (git apply works outside a repository: paths relative to the tree, the a/ and b/ prefixes stripped)
+        applied = subprocess.run(["git", "apply", str(Path(patch).resolve())], cwd=tree, capture_output=True,
+                                 text=True)
+        if applied.returncode != 0:
+            shutil.rmtree(tree)
+            raise ValueError(f"patch: {str(patch)!r} does not apply to {rev!r} ({commit[:12]}): "
+                             f"{applied.stderr.strip().splitlines()[0] if applied.stderr.strip() else ''}")
+        digest = hashlib.sha256(Path(patch).read_bytes()).hexdigest()[:12]
+        marker += f" + {Path(patch).name} (sha256 {digest})"
+    (tree / "AB_COMMIT").write_text(marker + "\n")
     return tree
 
 
 def tree_commit(tree: Path) -> Optional[str]:
-    """The commit a prepared tree came from (None for a working tree)."""
+    """The commit a prepared tree came from, and the patch applied to it if any (None for a working tree)."""
     marker = Path(tree) / "AB_COMMIT"
     return marker.read_text().strip() if marker.exists() else None
 
@@ -392,6 +411,7 @@ def main(argv=None):
     p = sub.add_parser("prepare", help="REV's fastkda package into .ab/COMMIT (here, in the git checkout); "
                                            "prints the tree")
     p.add_argument("rev")
+    p.add_argument("--patch", default=None, help="a diff to apply to the prepared package (docs/variants/*.diff)")
     r = sub.add_parser("run", help="interleaved bench runs of two trees (on the device)")
     r.add_argument("tree_a")
     r.add_argument("tree_b")
@@ -418,7 +438,7 @@ def main(argv=None):
     cut = argv.index("--") if "--" in argv else len(argv)
     args = ap.parse_args(argv[:cut])
     if args.cmd == "prepare":
-        print(prepare(args.rev))
+        print(prepare(args.rev, patch=Path(args.patch) if args.patch else None))
         return
     if args.cmd == "bits":
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,7 @@
 """benchmarks/ab_trees.py: two builds prepared from git, checked to import from their own trees, run
 interleaved, and summarised."""
 
+import difflib
 import json
 import subprocess
 import sys
@@ -37,6 +38,42 @@ def test_prepare_extracts_the_revisions_package_and_marks_its_commit(tmp_path):
 def test_prepare_rejects_an_unknown_revision(tmp_path):
     with pytest.raises(ValueError, match="rev"):
         ab_trees.prepare("no-such-revision-xyz", tmp_path)
+
+
+def _patch_of_init(tmp_path, extra_hunk="", name="variant.diff"):
+    """A git-style diff of HEAD's fastkda/__init__.py that adds a first line '# patched variant' (and extra_hunk,
+    appended as it is)."""
+    text = subprocess.run(["git", "show", "HEAD:fastkda/__init__.py"], cwd=ROOT, capture_output=True,
+                          text=True).stdout
+    lines = text.splitlines(keepends=True)
+    diff = difflib.unified_diff(lines, ["# patched variant\n"] + lines, "a/fastkda/__init__.py",
+                                "b/fastkda/__init__.py")
+    path = tmp_path / name
+    path.write_text("diff --git a/fastkda/__init__.py b/fastkda/__init__.py\n" + "".join(diff) + extra_hunk)
+    return path
+
+
+@needs_git
+def test_prepare_applies_a_patch_and_names_it(tmp_path):
+    tree = ab_trees.prepare("HEAD", tmp_path / "ab", patch=_patch_of_init(tmp_path))
+    assert tree.name == f"{_head()[:12]}+variant"
+    assert (tree / "fastkda" / "__init__.py").read_text().startswith("# patched variant\n")
+    marker = ab_trees.tree_commit(tree)
+    assert marker.startswith(_head()) and "variant.diff" in marker and "sha256" in marker
+    # the unpatched tree of the same commit is another tree, untouched
+    plain = ab_trees.prepare("HEAD", tmp_path / "ab")
+    assert not (plain / "fastkda" / "__init__.py").read_text().startswith("# patched variant")
+    assert ab_trees.tree_commit(plain) == _head()
+
+
+@needs_git
+def test_prepare_rejects_a_patch_that_does_not_apply_and_leaves_no_tree(tmp_path):
+    patch = _patch_of_init(tmp_path, "@@ -40,1 +41,1 @@\n-no such line in the file\n+something else\n")
+    with pytest.raises(ValueError, match="patch"):
+        ab_trees.prepare("HEAD", tmp_path / "ab", patch=patch)
+    assert not (tmp_path / "ab" / f"{_head()[:12]}+variant").exists()
+    with pytest.raises(ValueError, match="patch"):
+        ab_trees.prepare("HEAD", tmp_path / "ab", patch=tmp_path / "missing.diff")
 
 
 @needs_git
