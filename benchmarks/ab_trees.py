@@ -75,9 +75,14 @@ def prepare(rev: str, out_dir: Path = AB_DIR, repo: Path = ROOT, patch: Optional
                 tar.extractall(tree)
     marker = commit
     if patch is not None:
-        # (git apply works outside a repository: paths relative to the tree, the a/ and b/ prefixes stripped)
-        applied = subprocess.run(["git", "apply", str(Path(patch).resolve())], cwd=tree, capture_output=True,
-                                 text=True)
+        # git apply outside any repository (paths relative to the tree, the a/ and b/ prefixes stripped): inside one
+        # (.ab/ lies in the checkout) it would take the paths from the repository's root and silently skip them
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        env.update(GIT_CEILING_DIRECTORIES=str(tree.resolve().parent), LC_ALL="C")   # (C: its messages in English)
+        applied = subprocess.run(["git", "apply", "--verbose", str(Path(patch).resolve())], cwd=tree, env=env,
+                                 capture_output=True, text=True)
+        if applied.returncode == 0 and "Applied patch" not in applied.stderr:
+            applied.returncode, applied.stderr = 1, "no file of the patch was applied"
         if applied.returncode != 0:
             shutil.rmtree(tree)
             raise ValueError(f"patch: {str(patch)!r} does not apply to {rev!r} ({commit[:12]}): "

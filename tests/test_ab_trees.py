@@ -67,6 +67,14 @@ def test_prepare_applies_a_patch_and_names_it(tmp_path):
 
 
 @needs_git
+def test_prepare_applies_a_patch_inside_another_git_checkout(tmp_path):
+    # .ab/ lies inside the repository: git apply there would resolve the paths from that repository's root
+    subprocess.run(["git", "init", "-q", str(tmp_path / "outer")], check=True)
+    tree = ab_trees.prepare("HEAD", tmp_path / "outer" / "ab", patch=_patch_of_init(tmp_path))
+    assert (tree / "fastkda" / "__init__.py").read_text().startswith("# patched variant\n")
+
+
+@needs_git
 def test_prepare_rejects_a_patch_that_does_not_apply_and_leaves_no_tree(tmp_path):
     patch = _patch_of_init(tmp_path, "@@ -40,1 +41,1 @@\n-no such line in the file\n+something else\n")
     with pytest.raises(ValueError, match="patch"):
