@@ -201,7 +201,7 @@ def _chain(n_chunks, n, bos, eos, i_hv, HV, h0, ht, o, s_state_k: gl.constexpr, 
         # needs the state only once the first chunk's tiles are ready, a producer chunk (~3.5–5.5 µs) later.
         # Where K is contiguous (state_v_first), loaded in acc_k's rows with 32 contiguous bytes per thread
         # (16-byte loads: a warp reads four whole 512-byte rows, where acc_k's 8-byte pieces touch eight) and
-        # moved to acc_k through a small shared scratch (packed tasks −0.4..−1.4%: docs/perf-notes.md, session 32)
+        # moved to acc_k through a small shared scratch (−0.5..−0.6% geomean: docs/perf-notes.md, session 32)
         L_ROWS: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0], [0, 32], [0, 64]],
             lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
