@@ -117,17 +117,23 @@ _WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "32": 4, "64": 8, "128": 16}
 _MATRIX = {"LDSM", "STSM"}       # ldmatrix / stmatrix: 4 bytes per thread per 8x8 matrix (.x1, .x2, .x4)
 
 
-def by_line(compiled, top: int) -> str:
-    """SASS instructions, shared/local-memory bytes per warp and barriers, per kernel source line.
-
-    Static counts (a loop body counts once) of straight-line code are a proxy for where the time goes, not a
-    measurement: the v11 variant of docs/perf-notes.md cut stage 1's count by 10% and ran 5% slower."""
+def disassemble(compiled, line_info: bool = False) -> str:
+    """The compiled kernel's SASS (`nvdisasm -c`, Triton's own nvdisasm; `-g`: with its source lines)."""
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(compiled.asm["cubin"])
-        sass = subprocess.run([nvdisasm, "-g", "-c", path], capture_output=True, text=True).stdout
+        return subprocess.run([nvdisasm] + (["-g"] if line_info else []) + ["-c", path], capture_output=True,
+                              text=True).stdout
+
+
+def by_line(compiled, top: int) -> str:
+    """SASS instructions, shared/local-memory bytes per warp and barriers, per kernel source line.
+
+    Static counts (a loop body counts once) of straight-line code are a proxy for where the time goes, not a
+    measurement: the v11 variant of docs/perf-notes.md cut stage 1's count by 10% and ran 5% slower."""
+    sass = disassemble(compiled, line_info=True)
     count, smem, bars, opcodes = Counter(), Counter(), Counter(), {}
     for where, opcode in parse_sass(sass).values():
         op = opcode.split(".")

@@ -11,9 +11,10 @@ sequence differ (a reordering: ptxas scheduled it otherwise) and, where the opco
 instructions differ only in their operands (other registers).
 
 Why: ptxas schedules the whole kernel at once, so a change outside a loop (the final state's stores, after the
-chain's loop) can reschedule the loops that bound the time. Session 33 measured that pure register renaming in
-the loops costs nothing (−0.1%), while the final state's store rewrites that also reordered the producers' and the
-chain's loops ran +0.8..+1.8% (docs/perf-notes.md): this tells which kind a variant is before it takes device time.
+chain's loop) can reschedule the loops that bound the time, and an A/B then measures both. Session 33 measured
+register renaming in the loops at −0.1%, and told the final state's conversion (+0.8% per half) from the loops'
+reordering by comparing forms of the store that reordered the loops differently (docs/perf-notes.md): this shows
+what a variant changed in the loops before it takes device time.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
+
+from ncu_lines import _opcode      # benchmarks/ is the script's own folder, hence on sys.path
 
 HERE = Path(__file__).resolve().parent
 _INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -47,13 +49,6 @@ class Loop:
 
     def count(self, prefix: str) -> int:
         return sum(op.startswith(prefix) for op in self.opcodes)
-
-
-def _opcode(instruction: str) -> str:
-    words = instruction.split()
-    if words and words[0].startswith("@"):        # predicate
-        words = words[1:]
-    return words[0] if words else ""
 
 
 def find_loops(sass: str) -> List[Loop]:
@@ -110,19 +105,15 @@ def compile_fused_sass(tree: Path, fixed: bool = False) -> str:
 
 def _emit(fixed: bool) -> None:
     """(Child process.) The fused kernel of the fastkda on PYTHONPATH, compiled as the launcher does, to stdout."""
-    sys.path.insert(0, str(HERE))
-    import triton
     import compile_report
     name = f"fused (Gluon), bf16, {'fixed-length' if fixed else 'packed'}"
     config = next(c for c in compile_report.launcher_configurations(128) if c[0] == name)
     _, kernel, constexprs, warps, stages, maxnreg, source, types = config
-    compiled = compile_report.compile_sm90(kernel, constexprs, warps, stages, maxnreg, source, types)
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
-        with open(path, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        sys.stdout.write(subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout)
+    sass = compile_report.disassemble(compile_report.compile_sm90(kernel, constexprs, warps, stages, maxnreg, source,
+                                                                  types))
+    if not sass.strip():
+        raise SystemExit("nvdisasm gave no SASS")
+    sys.stdout.write(sass)
 
 
 def innermost(loops: Sequence[Loop], min_instr: int) -> List[Loop]:
