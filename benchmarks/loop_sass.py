@@ -1,6 +1,6 @@
 """Whether a change moved the fused kernel's loops: their SASS in two or more trees, compared without a GPU.
 
-    python benchmarks/loop_sass.py TREE [TREE ...] [--fixed] [--min-instr 100] [--sass-dir DIR]
+    python benchmarks/loop_sass.py TREE [TREE ...] [--fixed] [--min-instr 100] [--sass-dir DIR] [--by-line N]
 
 A TREE is a folder holding a `fastkda` package: the checkout (`.`) or one that `ab_trees.py prepare` made
 (`.ab/<commit>[+patch]`). Each tree's fused kernel (fastkda/kernels/fused_gluon.py) is compiled for sm_90a with
@@ -15,6 +15,10 @@ chain's loop) can reschedule the loops that bound the time, and an A/B then meas
 register renaming in the loops at −0.1%, and told the final state's conversion (+0.8% per half) from the loops'
 reordering by comparing forms of the store that reordered the loops differently (docs/perf-notes.md): this shows
 what a variant changed in the loops before it takes device time.
+
+`--by-line N` adds, for the first tree, each loop's N kernel source lines with the most instructions (and their
+commonest opcodes): where a loop's issue slots go, which is what the fused kernel's time follows (its SM is
+work-conserving: docs/perf-notes.md, sessions 23 and 28).
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from collections import Counter
 from typing import List, Optional, Sequence, Tuple
 
-from ncu_lines import _opcode      # benchmarks/ is the script's own folder, hence on sys.path
+from ncu_lines import _opcode, parse_sass      # benchmarks/ is the script's own folder, hence on sys.path
 
 HERE = Path(__file__).resolve().parent
 _INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -109,8 +114,9 @@ def _emit(fixed: bool) -> None:
     name = f"fused (Gluon), bf16, {'fixed-length' if fixed else 'packed'}"
     config = next(c for c in compile_report.launcher_configurations(128) if c[0] == name)
     _, kernel, constexprs, warps, stages, maxnreg, source, types = config
+    # with source lines (`nvdisasm -g`: comment lines beside the same instructions, for --by-line)
     sass = compile_report.disassemble(compile_report.compile_sm90(kernel, constexprs, warps, stages, maxnreg, source,
-                                                                  types))
+                                                                  types), line_info=True)
     if not sass.strip():
         raise SystemExit("nvdisasm gave no SASS")
     sys.stdout.write(sass)
@@ -125,12 +131,27 @@ def innermost(loops: Sequence[Loop], min_instr: int) -> List[Loop]:
     return [lp for lp in inner if not any(o.start < lp.start <= o.end < lp.end for o in inner)]
 
 
-def report(trees: Sequence[str], sass: Sequence[str], min_instr: int) -> str:
+def loop_lines(sass: str, loop: Loop, top: int) -> List[Tuple[str, int, List[Tuple[str, int]]]]:
+    """The `top` kernel source lines with the most instructions in `loop`, from an `nvdisasm -g` listing:
+    ("file:line", instructions, [(opcode, count), ...] commonest first, at most four)."""
+    count: Counter = Counter()
+    opcodes = {}
+    for offset, (where, opcode) in parse_sass(sass).items():
+        if loop.start <= offset <= loop.end:
+            key = "?" if where is None else f"{where[0]}:{where[1]}"
+            count[key] += 1
+            opcodes.setdefault(key, Counter())[opcode.split(".")[0]] += 1
+    return [(key, n, opcodes[key].most_common(4)) for key, n in count.most_common(top)]
+
+
+def report(trees: Sequence[str], sass: Sequence[str], min_instr: int, by_line: int = 0) -> str:
     loops = [innermost(find_loops(s), min_instr) for s in sass]
     rows = [f"tree 1 ({trees[0]}): innermost loops of at least {min_instr} instructions"]
     for i, lp in enumerate(loops[0], 1):
         rows.append(f"  loop {i} {lp.start:#x}..{lp.end:#x}: {len(lp.instructions)} instructions, "
                     f"{lp.count('HGMMA')} HGMMA, {lp.count('BAR')} BAR")
+        for key, n, common in (loop_lines(sass[0], lp, by_line) if by_line else []):
+            rows.append(f"    {n:5d}  {key:36s} " + ", ".join(f"{op} {k}" for op, k in common))
     for t, (tree, theirs) in enumerate(zip(trees[1:], loops[1:]), 2):
         rows.append(f"tree {t} ({tree}) against tree 1:")
         if len(theirs) != len(loops[0]):
@@ -152,6 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fixed", action="store_true", help="the fixed-length kernel (default: packed sequences)")
     ap.add_argument("--min-instr", type=int, default=100, help="loops shorter than this are left out")
     ap.add_argument("--sass-dir", default=None, help="also write each tree's SASS here (tree1.sass, ...)")
+    ap.add_argument("--by-line", type=int, default=0, metavar="N",
+                    help="also list each loop's N source lines with the most instructions (first tree)")
     ap.add_argument("--emit", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.emit:
@@ -167,7 +190,7 @@ def main(argv=None) -> int:
         os.makedirs(args.sass_dir, exist_ok=True)
         for i, text in enumerate(sass, 1):
             Path(args.sass_dir, f"tree{i}.sass").write_text(text)
-    print(report(args.trees, sass, args.min_instr))
+    print(report(args.trees, sass, args.min_instr, args.by_line))
     return 0
 
 

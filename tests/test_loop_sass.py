@@ -40,6 +40,19 @@ def test_backward_branches_are_loops_and_the_innermost_are_kept():
     assert loop_sass.innermost(loops, min_instr=6) == [loops[0]]     # the inner one is too short
 
 
+def test_loop_lines_count_each_source_lines_instructions_inside_the_loop_only():
+    # nvdisasm -g puts a `//## File` comment before the instructions of each source line
+    listing = (LISTING.replace("        /*0030*/", '\t//## File "/k/a.py", line 7\n        /*0030*/')
+               .replace("        /*0050*/", '\t//## File "/k/b.py", line 9\n        /*0050*/')
+               .replace("        /*0080*/", '\t//## File "/k/a.py", line 7\n        /*0080*/'))
+    loop = _inner(listing)                    # 0x30..0x70: two instructions of a.py:7, three of b.py:9
+    assert loop.start == 0x30 and loop.end == 0x70
+    rows = loop_sass.loop_lines(listing, loop, 5)
+    assert [(key, n) for key, n, _ in rows] == [("b.py:9", 3), ("a.py:7", 2)]
+    assert dict(rows[1][2]) == {"HGMMA": 1, "FMUL": 1}
+    assert loop_sass.loop_lines(listing, loop, 1) == rows[:1]
+
+
 def _inner(listing):
     return loop_sass.innermost(loop_sass.find_loops(listing), 1)[0]
 
@@ -64,3 +77,9 @@ def test_the_fused_kernels_chunk_loops_are_found_in_its_sass():
     assert sorted(lp.count("HGMMA") for lp in loops) == [16, 16, 56]
     text = loop_sass.report([".", "."], [sass, sass], 100)
     assert text.count("same SASS") == 3 and "reordered" not in text
+    # the listing carries source lines: every instruction of the chain's loop is counted once, on a kernel line
+    chain = next(lp for lp in loops if lp.count("HGMMA") == 56)
+    rows = loop_sass.loop_lines(sass, chain, 1000)
+    assert sum(n for _, n, _ in rows) == len(chain.instructions)
+    assert any(key.startswith("chunk_recurrence_gluon.py:") for key, _, _ in rows)
+    assert "chunk_recurrence_gluon.py:" in loop_sass.report(["."], [sass], 100, by_line=3)
