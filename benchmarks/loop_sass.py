@@ -29,9 +29,9 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from collections import Counter
 from typing import List, Optional, Sequence, Tuple
 
 from ncu_lines import _opcode, parse_sass      # benchmarks/ is the script's own folder, hence on sys.path
