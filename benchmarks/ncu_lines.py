@@ -9,12 +9,17 @@ On the device (Triton keeps each compiled cubin in its cache, ~/.triton/cache, a
 then anywhere:
 
     python benchmarks/ncu_lines.py src.csv kernel.sass [--kernel 0] [--top 25] [--sort samples|excess|wavefronts]
+    python benchmarks/ncu_lines.py src.csv kernel.sass --by-loop     # per chunk loop instead (the fused kernel)
 
 ncu's source page lists every SASS instruction with its counters (stall samples by reason, shared-memory
 wavefronts and their bank-conflict excess, ...) but without source lines for Triton kernels; the cubin's line
 table (nvdisasm -g) gives them. Instructions are matched by their offset from the kernel's first instruction
 and checked by opcode, so a SASS file from another build is refused. Counts are shares of the kernel's totals.
 This is how docs/perf-notes.md (session 3) found the bank-conflicted row sums of stage 1.
+
+`--by-loop` sums the counters over each innermost loop of at least 100 instructions (loop_sass.py's: in the fused
+kernel each producer's chunk loop and the chain's) and over the rest: the stall samples by reason and the warp
+instructions each partition spent, for comparing two builds partition by partition (docs/perf-notes.md, session 35).
 """
 
 from __future__ import annotations
@@ -98,6 +103,46 @@ def by_line(rows: List[dict], sass: Dict[int, Tuple[Line, str]]) -> Tuple[Dict[L
     return per_line, totals
 
 
+INSTRUCTIONS = "Instructions Executed"
+
+
+def by_loop(rows: List[dict], sass_text: str, min_instr: int = 100) -> Tuple[List[Tuple[str, int, int]],
+                                                                          Dict[str, Counter]]:
+    """Counters (the samples, every stall reason, the warp instructions) summed over each innermost loop of at least
+    min_instr instructions and over the rest ("other"): ([(name, first offset, last offset), ...], {name: Counter}).
+    Raises if the SASS is another build's."""
+    from loop_sass import find_loops, innermost      # (loop_sass imports this module: imported when used)
+    loops = [(f"loop {i}", lp.start, lp.end) for i, lp in enumerate(innermost(find_loops(sass_text), min_instr), 1)]
+    sass = parse_sass(sass_text)
+    base = int(rows[0]["Address"], 16)
+    keys = [k for k in rows[0] if k == SAMPLES or k == INSTRUCTIONS or k.startswith("stall_")]
+    per: Dict[str, Counter] = {name: Counter() for name, _, _ in loops}
+    per["other"] = Counter()
+    mismatched = 0
+    for row in rows:
+        offset = int(row["Address"], 16) - base
+        if sass.get(offset, (None, ""))[1] != _opcode(row.get("Source", "")):
+            mismatched += 1
+        region = next((name for name, start, end in loops if start <= offset <= end), "other")
+        for key in keys:
+            per[region][key] += _number(row.get(key, "0"))
+    if mismatched > len(rows) // 100:
+        raise ValueError(f"{mismatched} of {len(rows)} instructions differ from the SASS file: another build?")
+    return loops, per
+
+
+def report_loops(loops: List[Tuple[str, int, int]], per: Dict[str, Counter], reasons: int = 6) -> str:
+    total = sum(c[SAMPLES] for c in per.values()) or 1.0
+    out = []
+    for name, c in per.items():
+        span = next((f" {start:#x}..{end:#x}" for n, start, end in loops if n == name), "")
+        stalls = sorted(((k[6:], v) for k, v in c.items() if k.startswith("stall_") and "Not Issued" not in k),
+                        key=lambda kv: -kv[1])[:reasons]
+        out.append(f"{name}{span}: {100.0 * c[SAMPLES] / total:.1f}% of {int(total)} samples, "
+                   f"{int(c[INSTRUCTIONS])} warp instructions; " + ", ".join(f"{k} {int(v)}" for k, v in stalls))
+    return "\n".join(out)
+
+
 def report(per_line: Dict[Line, Counter], totals: Counter, sort: str = "samples", top: int = 25) -> str:
     key = SORT_KEYS[sort]
 
@@ -121,12 +166,18 @@ def main(argv=None):
     ap.add_argument("--kernel", type=int, default=0, help="which profiled launch in the CSV (default: first)")
     ap.add_argument("--sort", choices=sorted(SORT_KEYS), default="samples")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--by-loop", action="store_true", help="sum per chunk loop (loop_sass.py's loops), not per line")
     args = ap.parse_args(argv)
     with open(args.csv) as f:
         kernels = parse_source_csv(f.read())
     with open(args.sass) as f:
-        sass = parse_sass(f.read())
+        sass_text = f.read()
     name, rows = kernels[args.kernel]
+    if args.by_loop:
+        print(f"{name} ({len(rows)} instructions)")
+        print(report_loops(*by_loop(rows, sass_text)))
+        return
+    sass = parse_sass(sass_text)
     per_line, totals = by_line(rows, sass)
     print(f"{name} ({len(rows)} instructions)")
     print(report(per_line, totals, args.sort, args.top))

@@ -51,3 +51,38 @@ def test_sass_of_another_build_is_refused():
     (_, rows), = tool.parse_source_csv(csv_text)
     with pytest.raises(ValueError, match="another build"):
         tool.by_line(rows, tool.parse_sass(SASS))
+
+
+LOOP_SASS = """
+        /*0000*/                   MOV R1, R2 ;
+.L_x_1:
+        /*0010*/                   FADD R3, R3, R4 ;
+        /*0020*/                   FMUL R5, R3, R3 ;
+        /*0030*/              @P0 BRA `(.L_x_1) ;
+        /*0040*/                   EXIT ;
+"""
+
+
+def test_counters_are_summed_per_loop_and_the_rest():
+    tool = _tool()
+    header = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_wait",'
+              '"stall_long_sb"')
+    rows = [(0x0, "MOV R1, R2", 5, 10, 1, 4), (0x10, "FADD R3, R3, R4", 20, 100, 15, 5),
+            (0x20, "FMUL R5, R3, R3", 30, 100, 10, 20), (0x30, "@P0 BRA `(.L_x_1)", 10, 100, 10, 0),
+            (0x40, "EXIT", 1, 10, 0, 1)]
+    csv_text = "\n".join(['"Kernel Name","k",', header] + [
+        f'"{hex(0x7F0000 + off)}","{src}","{s}","{n}","{w}","{lsb}"' for off, src, s, n, w, lsb in rows]) + "\n"
+    (_, parsed), = tool.parse_source_csv(csv_text)
+    loops, per = tool.by_loop(parsed, LOOP_SASS, min_instr=3)
+    assert loops == [("loop 1", 0x10, 0x30)]
+    assert per["loop 1"][tool.SAMPLES] == 60 and per["loop 1"][tool.INSTRUCTIONS] == 300
+    assert per["loop 1"]["stall_wait"] == 35 and per["loop 1"]["stall_long_sb"] == 25
+    assert per["other"][tool.SAMPLES] == 6 and per["other"]["stall_long_sb"] == 5
+    text = tool.report_loops(loops, per)
+    assert text.splitlines()[0].startswith("loop 1 0x10..0x30: 90.9% of 66 samples, 300 warp instructions; wait 35")
+    # a loop shorter than min_instr is not a region of its own
+    loops, per = tool.by_loop(parsed, LOOP_SASS, min_instr=4)
+    assert loops == [] and per["other"][tool.SAMPLES] == 66
+    # the SASS of another build is refused, as by_line refuses it
+    with pytest.raises(ValueError, match="another build"):
+        tool.by_loop(parsed, LOOP_SASS.replace("FADD", "IADD3").replace("FMUL", "IMAD"), min_instr=3)
