@@ -89,10 +89,10 @@ _EDITS = (
 )
 
 
-def stamped_source(source: str) -> str:
-    """The fused kernel's source with the stamps of this module's docstring; ValueError naming the edit whose
-    anchor is not found as often as expected (the kernel changed: update _EDITS)."""
-    for what, anchor, replacement, count in _EDITS:
+def stamped_source(source: str, edits=_EDITS) -> str:
+    """The fused kernel's source with the stamps of this module's docstring (or other `edits`, in _EDITS' form);
+    ValueError naming the edit whose anchor is not found as often as expected (the kernel changed: update them)."""
+    for what, anchor, replacement, count in edits:
         found = source.count(anchor)
         if found != count:
             raise ValueError(f"fused_gluon.py: the anchor of edit '{what}' occurs {found} times, expected {count}: "
@@ -101,11 +101,11 @@ def stamped_source(source: str) -> str:
     return source
 
 
-def load_stamped_kernel(source_path: Path = KERNEL_SOURCE):
+def load_stamped_kernel(source_path: Path = KERNEL_SOURCE, edits=_EDITS):
     """The stamped kernel (a module written to a temporary folder: Gluon reads a kernel's source from its file)."""
     folder = Path(tempfile.mkdtemp(prefix="fastkda-timeline-"))
     path = folder / "fused_stamped.py"
-    path.write_text(stamped_source(source_path.read_text()))
+    path.write_text(stamped_source(Path(source_path).read_text(), edits))
     spec = importlib.util.spec_from_file_location("fused_stamped", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -174,18 +174,16 @@ def program_chunks(task) -> List[int]:
     return [-(-lengths[p // task.H] // BT) for p in range(len(lengths) * task.H)]
 
 
-def timeline(task_name: str, seed: int = 1234, rounds: int = 3, repeats: int = 100) -> Dict:
-    """The stamped kernel against the library's on one bench task: bitwise check, times, the summary."""
+def run_stamped(x, stamped, stamps: torch.Tensor, rounds: int = 3, repeats: int = 100) -> Dict:
+    """The stamped fused kernel (stamps: its extra argument, zeroed first) against the library's on inputs x, both
+    through the library's route with the fused kernel forced: whether they agree to the bit, their times (ms, mean
+    of the rounds' CUDA-graph medians), and `stamps` holding one last call's stamps."""
     from fastkda import kernels
     from fastkda.bench.impls import fastkda_impl
-    from fastkda.bench.tasks import make_inputs, select_tasks
     from fastkda.bench.timing import time_cuda_graph
     from fastkda.kernels import direct_launch
 
-    task = select_tasks([task_name])[0]
-    x = make_inputs(task, "cuda", seed)
-    stamped, library_gluon = load_stamped_kernel(), kernels._gluon
-    stamps = torch.zeros(task.N * task.H, 2 * EVENTS, dtype=torch.int64, device="cuda")
+    library_gluon = kernels._gluon
 
     class _Launch:
         def __getitem__(self, grid):
@@ -219,9 +217,19 @@ def timeline(task_name: str, seed: int = 1234, rounds: int = 3, repeats: int = 1
     finally:
         kernels._gluon = library_gluon
         kernels.FUSED, direct_launch._direct = saved
+    return dict(bitwise_equal=equal, library_ms=statistics.mean(times["library"]),
+                stamped_ms=statistics.mean(times["stamped"]))
+
+
+def timeline(task_name: str, seed: int = 1234, rounds: int = 3, repeats: int = 100) -> Dict:
+    """The stamped kernel against the library's on one bench task: bitwise check, times, the summary."""
+    from fastkda.bench.tasks import make_inputs, select_tasks
+
+    task = select_tasks([task_name])[0]
+    stamps = torch.zeros(task.N * task.H, 2 * EVENTS, dtype=torch.int64, device="cuda")
+    run = run_stamped(make_inputs(task, "cuda", seed), load_stamped_kernel(), stamps, rounds, repeats)
     out = summarize(stamps.cpu(), program_chunks(task))
-    out.update(task=task_name, bitwise_equal=equal, library_ms=statistics.mean(times["library"]),
-               stamped_ms=statistics.mean(times["stamped"]))
+    out.update(task=task_name, **run)
     return out
 
 

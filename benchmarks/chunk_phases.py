@@ -1,0 +1,180 @@
+"""Where a chunk's time goes inside the fused kernel: clock stamps at a producer's phases and at the chain's wait.
+
+    python benchmarks/chunk_phases.py --tasks H96_fixed_8192[,...] [--first 32] [--count 32] [--json PATH]
+
+The fused kernel's time at H96 fixed moved the wrong way under a change that cut the producers' instructions by 6%
+(docs/perf-notes.md, session 35): what the chain waits for there is the producers' chunk latency, which instruction
+counts do not give. This tool measures it. Like item_timeline.py (whose source rewriting and launch it uses), it
+rewrites the library's kernel source with `%clock64` stamps (the SM's cycle counter: every partition of a program
+runs on one SM), imports the copy from a temporary folder, launches it through the library's route in place of
+the library's kernel, checks its outputs against the library's to the bit and times both (the stamps' own cost
+shows). The kernel's source is the imported fastkda's, so `PYTHONPATH=.ab/<tree>` measures a prepared variant.
+
+Stamps, for each chunk c of a window (first <= c < first + count) of every program, in row program, columns
+(c - first) * 10 + event:
+    producer c mod 2:  0 loop top  1 inputs in shared memory  2 block 0's decays done (before the wait for `free`)
+                       3 `free` passed  4 both blocks' tiles stored (before [L; Aqk])  5 the masked tiles stored
+                       (before the doubling)  6 tb stored, before `ready` is signalled
+    chain:             7 before the wait for `ready`  8 `ready` passed  9 `free` signalled (the chunk done)
+`summarize` gives the median of each phase (cycles and µs at the clock given), the producer's chunk latency (0 → 6),
+the chain's wait for `ready` (7 → 8), its work per chunk (8 → 9), the chain's period (8 → next chunk's 8) and how
+long a finished chunk waits for the chain (6 → 8).
+
+A diagnosis, not a record: records come from `python -m fastkda.bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import torch
+
+import item_timeline                                 # benchmarks/ is the script's own folder, hence on sys.path
+
+EVENTS_PER_CHUNK = 10
+PRODUCER_PHASES = ("inputs", "decays_block0", "wait_free", "operands", "l_aqk_masks", "doubling_tb")
+
+_HELPER = '''
+
+@gluon.jit
+def _tick(stamps, c, event: gl.constexpr, FIRST: gl.constexpr, COUNT: gl.constexpr, ROW: gl.constexpr):
+    """This program's SM cycle counter at `event` of chunk c, if c is in the window."""
+    if (c >= FIRST) & (c < FIRST + COUNT):
+        k = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+        gl.store(stamps + gl.program_id(0) * ROW + (c - FIRST) * 10 + event, k)
+'''
+
+
+def edits(first: int, count: int):
+    """item_timeline's edit list for these stamps (anchors in fastkda/kernels/fused_gluon.py)."""
+    row = count * EVENTS_PER_CHUNK
+    window = f"{first}, {count}, {row}"
+
+    def tick(indent: int, c: str, event: int) -> str:
+        return " " * indent + f"_tick(stamps, {c}, {event}, {window})\n"
+
+    inputs = "        _cta_barrier()                               # the inputs and A'ᵀ are in shared memory\n"
+    wait_free = ("        mbarrier.wait(free.index(P), (it & 1) ^ 1)   # the chain is done with this producer's previous "
+                 "chunk\n")
+
+    return (
+        ("relative imports", "from .", "from fastkda.kernels.", 2),
+        ("stamp helper", "\n\n@gluon.jit\ndef _issue_inputs", _HELPER + "\n\n@gluon.jit\ndef _issue_inputs", 1),
+        ("producer signature", "              LOG2_BT: gl.constexpr):",
+         "              LOG2_BT: gl.constexpr, stamps):", 1),
+        ("loop top (0)", "        t0 = bos + c * BT\n", "        t0 = bos + c * BT\n" + tick(8, "c", 0), 1),
+        ("inputs (1)", inputs, inputs + tick(8, "c", 1), 1),
+        ("decays, wait for free (2, 3)", wait_free, tick(8, "c", 2) + wait_free + tick(8, "c", 3), 1),
+        ("operands stored (4)", "        b_la = warpgroup_mma(pq_s.index(B0),",
+         tick(8, "c", 4) + "        b_la = warpgroup_mma(pq_s.index(B0),", 1),
+        ("masked tiles stored (5)", "        b_t = _doubling_fp16(tl_s,",
+         tick(8, "c", 5) + "        b_t = _doubling_fp16(tl_s,", 1),
+        ("ready (6)", "        mbarrier.arrive(ready.index(P), count=1)\n",
+         tick(8, "c", 6) + "        mbarrier.arrive(ready.index(P), count=1)\n", 1),
+        ("chain signature", "HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):",
+         "HAS_H0: gl.constexpr, STORE_HT: gl.constexpr, stamps):", 1),
+        ("chain's wait for ready (7, 8)", "        mbarrier.wait(ready.index(p), (c // 2) & 1)\n",
+         tick(8, "c", 7) + "        mbarrier.wait(ready.index(p), (c // 2) & 1)\n" + tick(8, "c", 8), 1),
+        ("chunk done (9)", "        mbarrier.arrive(free.index(p), count=1)\n",
+         "        mbarrier.arrive(free.index(p), count=1)\n" + tick(8, "c", 9), 1),
+        ("kernel signature", "PRODUCER_REGS: gl.constexpr):", "PRODUCER_REGS: gl.constexpr, stamps):", 1),
+        ("chain call", "                  STORE_HT)),", "                  STORE_HT, stamps)),", 1),
+        ("producer calls", "BT, LOG2_BT)),", "BT, LOG2_BT, stamps)),", 2),
+    )
+
+
+def kernel_source() -> Path:
+    """The imported fastkda's fused kernel (PYTHONPATH picks the tree)."""
+    import fastkda.kernels
+    return Path(fastkda.kernels.__file__).resolve().parent / "fused_gluon.py"
+
+
+def _median(values) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: int, clock_ghz: float) -> Dict:
+    """Median phases (cycles, and µs at clock_ghz) over every program's chunks in the window from their stamps
+    ([programs, count * 10] int64, SM cycles)."""
+    s = stamps.to(torch.int64).view(stamps.shape[0], count, EVENTS_PER_CHUNK)
+    spans: Dict[str, List[float]] = {k: [] for k in PRODUCER_PHASES + (
+        "producer_chunk", "chunk_waits_for_chain", "chain_wait_ready", "chain_work", "chain_period")}
+    for p in range(s.shape[0]):
+        last = min(int(n_chunks[p]), first + count) - first
+        for j in range(max(last, 0)):
+            e = [int(v) for v in s[p, j]]
+            if 0 in e:                                  # a stamp not written (should not happen in the window)
+                continue
+            for i, name in enumerate(PRODUCER_PHASES):
+                spans[name].append(e[i + 1] - e[i])
+            spans["producer_chunk"].append(e[6] - e[0])
+            spans["chunk_waits_for_chain"].append(e[8] - e[6])
+            spans["chain_wait_ready"].append(e[8] - e[7])
+            spans["chain_work"].append(e[9] - e[8])
+            if j + 1 < last and int(s[p, j + 1, 8]):
+                spans["chain_period"].append(int(s[p, j + 1, 8]) - e[8])
+    cycles = {k: _median(v) for k, v in spans.items()}
+    return dict(chunks=len(spans["producer_chunk"]), clock_ghz=clock_ghz, median_cycles=cycles,
+                median_us={k: v / clock_ghz / 1e3 for k, v in cycles.items()})
+
+
+def _clock_ghz() -> float:
+    """The SM clock now (GHz) from nvidia-smi, else the device's maximum from torch."""
+    import subprocess
+    try:
+        mhz = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout.split()[0]
+        return float(mhz) / 1e3
+    except (OSError, IndexError, ValueError, subprocess.SubprocessError):
+        return torch.cuda.get_device_properties(0).clock_rate / 1e6
+
+
+def phases(task_name: str, first: int = 32, count: int = 32, seed: int = 1234, rounds: int = 3,
+           repeats: int = 100) -> Dict:
+    """The stamped kernel against the library's on one bench task: bitwise check, times, the phases."""
+    from fastkda.bench.tasks import make_inputs, select_tasks
+
+    task = select_tasks([task_name])[0]
+    stamps = torch.zeros(task.N * task.H, count * EVENTS_PER_CHUNK, dtype=torch.int64, device="cuda")
+    kernel = item_timeline.load_stamped_kernel(kernel_source(), edits(first, count))
+    run = item_timeline.run_stamped(make_inputs(task, "cuda", seed), kernel, stamps, rounds, repeats)
+    out = summarize(stamps.cpu(), item_timeline.program_chunks(task), first, count, _clock_ghz())
+    out.update(task=task_name, first=first, count=count, kernel_source=str(kernel_source()), **run)
+    return out
+
+
+def _print(r: Dict) -> None:
+    print(f"== {r['task']}: bitwise equal {r['bitwise_equal']}, library {r['library_ms']:.4f} ms, stamped "
+          f"{r['stamped_ms']:.4f} ms; chunks {r['first']}..{r['first'] + r['count'] - 1} of each program, "
+          f"{r['chunks']} stamped, {r['clock_ghz']:.3f} GHz ({r['kernel_source']})")
+    print("   median µs: " + ", ".join(f"{k} {v:.3f}" for k, v in r["median_us"].items()))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", required=True, help="comma-separated bench task names (python -m fastkda.bench --list)")
+    ap.add_argument("--first", type=int, default=32, help="the window's first chunk (default 32)")
+    ap.add_argument("--count", type=int, default=32, help="chunks stamped per program (default 32)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.first < 0 or args.count < 1:
+        raise SystemExit(f"chunk_phases: --first must be >= 0 and --count >= 1, got {args.first} and {args.count}")
+    if not torch.cuda.is_available():
+        raise SystemExit("chunk_phases: needs a CUDA device (the fused kernel is Hopper-only)")
+    results = []
+    for name in [t.strip() for t in args.tasks.split(",") if t.strip()]:
+        results.append(phases(name, args.first, args.count, args.seed))
+        _print(results[-1])
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0 if all(r["bitwise_equal"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

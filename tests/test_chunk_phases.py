@@ -1,0 +1,108 @@
+"""benchmarks/chunk_phases.py: the stamps go into the library's fused kernel at the producer's phases and the chain's
+wait (or the tool names the edit that no longer applies), the stamped kernel compiles for Hopper, and the phases
+come out of the stamps right."""
+
+import ast
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import HAS_CUDA, benchmark_script
+
+
+def _tool():
+    return benchmark_script("chunk_phases")
+
+
+def _stamped(first=32, count=32):
+    tool = _tool()
+    timeline = benchmark_script("item_timeline")
+    return tool, timeline.stamped_source(tool.kernel_source().read_text(), tool.edits(first, count))
+
+
+def test_each_event_is_stamped_once_in_its_partition():
+    tool, out = _stamped(first=5, count=7)
+    ast.parse(out)
+    events = [int(e) for e in re.findall(r"_tick\(stamps, c, (\d), 5, 7, 70\)", out)]
+    assert sorted(events) == list(range(10))
+    producer = out[out.index("def _producer("):out.index("def _store_output(")]
+    chain = out[out.index("def _chain("):out.index("def _fused_kernel(")]
+    assert [int(e) for e in re.findall(r"_tick\(stamps, c, (\d)", producer)] == list(range(7))
+    assert [int(e) for e in re.findall(r"_tick\(stamps, c, (\d)", chain)] == [7, 8, 9]
+    # the chain's wait sits between its two stamps, the producer's wait for `free` between 2 and 3
+    assert re.search(r"_tick\(stamps, c, 7, [^\n]*\n\s*mbarrier.wait\(ready[^\n]*\n\s*_tick\(stamps, c, 8,", chain)
+    assert re.search(r"_tick\(stamps, c, 2, [^\n]*\n\s*mbarrier.wait\(free[^\n]*\n\s*_tick\(stamps, c, 3,", producer)
+    assert "from ." not in out and out.count("LOG2_BT, stamps)),") == 2
+
+
+def test_a_changed_kernel_is_refused_naming_the_edit():
+    tool = _tool()
+    timeline = benchmark_script("item_timeline")
+    source = tool.kernel_source().read_text().replace("        t0 = bos + c * BT\n", "        t0 = c * BT + bos\n")
+    with pytest.raises(ValueError, match=r"edit 'loop top \(0\)' occurs 0 times, expected 1"):
+        timeline.stamped_source(source, tool.edits(0, 4))
+
+
+def _synthetic(n_chunks, first, count, phase=(100, 200, 300, 400, 500, 600), wait=50, work=700, period=1000):
+    """Stamps of programs whose chunks follow fixed phases (cycles): the producer's six phases, then the chain waits
+    `wait` for `ready` after the chunk is signalled ... (a chunk every `period` cycles)."""
+    rows = []
+    for n in n_chunks:
+        row = torch.zeros(count, 10, dtype=torch.int64)
+        for j in range(count):
+            c = first + j
+            if c >= n:
+                break
+            t = 10_000 + c * period
+            e = [t]
+            for d in phase:
+                e.append(e[-1] + d)
+            e += [e[6] - 20, e[6] + wait, e[6] + wait + work]      # chain: 7 before the wait, 8 after, 9 done
+            row[j] = torch.tensor(e)
+        rows.append(row.view(-1))
+    return torch.stack(rows)
+
+
+def test_summarize_recovers_the_phases():
+    tool = _tool()
+    stamps = _synthetic([40, 36, 3], first=4, count=8)     # the last program has no chunk in the window
+    out = tool.summarize(stamps, [40, 36, 3], first=4, count=8, clock_ghz=2.0)
+    assert out["chunks"] == 16
+    cyc = out["median_cycles"]
+    assert [cyc[k] for k in tool.PRODUCER_PHASES] == [100, 200, 300, 400, 500, 600]
+    assert cyc["producer_chunk"] == 2100 and cyc["chunk_waits_for_chain"] == 50 and cyc["chain_wait_ready"] == 70
+    assert cyc["chain_work"] == 700 and cyc["chain_period"] == 1000
+    assert out["median_us"]["chain_period"] == pytest.approx(0.5)
+    # a window past a program's end counts only its chunks
+    out = tool.summarize(_synthetic([6], first=4, count=8), [6], first=4, count=8, clock_ghz=2.0)
+    assert out["chunks"] == 2 and out["median_cycles"]["chain_period"] == 1000
+
+
+def test_the_stamped_kernel_compiles_for_sm90():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import sys; sys.path.insert(0, 'benchmarks')\n"
+        "import chunk_phases, item_timeline, compile_report\n"
+        "k = item_timeline.load_stamped_kernel(chunk_phases.kernel_source(), chunk_phases.edits(32, 32))\n"
+        "for name, kernel, consts, warps, stages, nreg, source, types in compile_report.launcher_configurations(128):\n"
+        "    if name.startswith('fused') and 'packed' in name:\n"
+        "        c = compile_report.compile_sm90(k, consts, warps, stages, nreg, source=source, "
+        "types=dict(stamps='*i64'))\n"
+        "        print('ok', len(c.asm['cubin']))\n")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=root)
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr[-3000:]
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_the_phases_of_a_packed_task_on_the_gpu():
+    tool = _tool()
+    out = tool.phases("H64_varlen_1024x8", first=4, count=8, rounds=1, repeats=20)
+    assert out["bitwise_equal"] and out["chunks"] == 8 * 64
+    cyc = out["median_cycles"]
+    assert all(cyc[k] >= 0 for k in tool.PRODUCER_PHASES)
+    assert 0 < cyc["chain_work"] < cyc["chain_period"] and cyc["producer_chunk"] > cyc["chain_period"]
