@@ -5,6 +5,7 @@ TRITON_INTERPRET must be set before triton is first imported, hence here, at col
 
 import importlib.util
 import os
+import subprocess
 import sys
 
 import torch
@@ -23,3 +24,21 @@ def benchmark_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def compile_stamped_fused(load: str):
+    """Compile for sm_90a, in a child process without the interpreter, a stamped copy of the fused kernel: `load`
+    is Python, run with benchmarks/ importable, that binds `k` to it; compiled in the launcher's packed
+    configuration with its extra argument `stamps` (int64 pointer). Returns the finished process."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import sys; sys.path.insert(0, 'benchmarks')\n"
+        "import compile_report\n"
+        f"{load}\n"
+        "for name, kernel, consts, warps, stages, nreg, source, types in compile_report.launcher_configurations(128):\n"
+        "    if name.startswith('fused') and 'packed' in name:\n"
+        "        c = compile_report.compile_sm90(k, consts, warps, stages, nreg, source=source, "
+        "types=dict(stamps='*i64'))\n"
+        "        print('ok', len(c.asm['cubin']))\n")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=root)
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)

@@ -3,15 +3,12 @@ wait (or the tool names the edit that no longer applies), the stamped kernel com
 come out of the stamps right."""
 
 import ast
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import HAS_CUDA, benchmark_script
+from conftest import HAS_CUDA, benchmark_script, compile_stamped_fused
 
 
 def _tool():
@@ -83,18 +80,9 @@ def test_summarize_recovers_the_phases():
 
 
 def test_the_stamped_kernel_compiles_for_sm90():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = (
-        "import sys; sys.path.insert(0, 'benchmarks')\n"
-        "import chunk_phases, item_timeline, compile_report\n"
-        "k = item_timeline.load_stamped_kernel(chunk_phases.kernel_source(), chunk_phases.edits(32, 32))\n"
-        "for name, kernel, consts, warps, stages, nreg, source, types in compile_report.launcher_configurations(128):\n"
-        "    if name.startswith('fused') and 'packed' in name:\n"
-        "        c = compile_report.compile_sm90(k, consts, warps, stages, nreg, source=source, "
-        "types=dict(stamps='*i64'))\n"
-        "        print('ok', len(c.asm['cubin']))\n")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=root)
-    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    run = compile_stamped_fused("import chunk_phases, item_timeline\n"
+                                "k = item_timeline.load_stamped_kernel(chunk_phases.kernel_source(), "
+                                "chunk_phases.edits(32, 32))")
     assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr[-3000:]
 
 
