@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Dict, List, Sequence
@@ -39,14 +38,14 @@ import item_timeline                                 # benchmarks/ is the script
 EVENTS_PER_CHUNK = 10
 PRODUCER_PHASES = ("inputs", "decays_block0", "wait_free", "operands", "l_aqk_masks", "doubling_tb")
 
-_HELPER = '''
+_HELPER = f'''
 
 @gluon.jit
 def _tick(stamps, c, event: gl.constexpr, FIRST: gl.constexpr, COUNT: gl.constexpr, ROW: gl.constexpr):
     """This program's SM cycle counter at `event` of chunk c, if c is in the window."""
     if (c >= FIRST) & (c < FIRST + COUNT):
         k = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-        gl.store(stamps + gl.program_id(0) * ROW + (c - FIRST) * 10 + event, k)
+        gl.store(stamps + gl.program_id(0) * ROW + (c - FIRST) * {EVENTS_PER_CHUNK} + event, k)
 '''
 
 
@@ -59,8 +58,8 @@ def edits(first: int, count: int):
         return " " * indent + f"_tick(stamps, {c}, {event}, {window})\n"
 
     inputs = "        _cta_barrier()                               # the inputs and A'ᵀ are in shared memory\n"
-    wait_free = ("        mbarrier.wait(free.index(P), (it & 1) ^ 1)   # the chain is done with this producer's previous "
-                 "chunk\n")
+    wait_free = ("        mbarrier.wait(free.index(P), (it & 1) ^ 1)"
+                 "   # the chain is done with this producer's previous chunk\n")
 
     return (
         ("relative imports", "from .", "from fastkda.kernels.", 2),
@@ -94,10 +93,6 @@ def kernel_source() -> Path:
     return Path(fastkda.kernels.__file__).resolve().parent / "fused_gluon.py"
 
 
-def _median(values) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def summarize(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: int, clock_ghz: float) -> Dict:
     """Median phases (cycles, and µs at clock_ghz) over every program's chunks in the window from their stamps
     ([programs, count * 10] int64, SM cycles)."""
@@ -118,7 +113,7 @@ def summarize(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: 
             spans["chain_work"].append(e[9] - e[8])
             if j + 1 < last and int(s[p, j + 1, 8]):
                 spans["chain_period"].append(int(s[p, j + 1, 8]) - e[8])
-    cycles = {k: _median(v) for k, v in spans.items()}
+    cycles = {k: item_timeline._median(v) for k, v in spans.items()}
     return dict(chunks=len(spans["producer_chunk"]), clock_ghz=clock_ghz, median_cycles=cycles,
                 median_us={k: v / clock_ghz / 1e3 for k, v in cycles.items()})
 
@@ -141,10 +136,11 @@ def phases(task_name: str, first: int = 32, count: int = 32, seed: int = 1234, r
 
     task = select_tasks([task_name])[0]
     stamps = torch.zeros(task.N * task.H, count * EVENTS_PER_CHUNK, dtype=torch.int64, device="cuda")
-    kernel = item_timeline.load_stamped_kernel(kernel_source(), edits(first, count))
+    source = kernel_source()
+    kernel = item_timeline.load_stamped_kernel(source, edits(first, count))
     run = item_timeline.run_stamped(make_inputs(task, "cuda", seed), kernel, stamps, rounds, repeats)
     out = summarize(stamps.cpu(), item_timeline.program_chunks(task), first, count, _clock_ghz())
-    out.update(task=task_name, first=first, count=count, kernel_source=str(kernel_source()), **run)
+    out.update(task=task_name, first=first, count=count, kernel_source=str(source), **run)
     return out
 
 

@@ -84,22 +84,27 @@ def parse_source_csv(text: str) -> List[Tuple[str, List[dict]]]:
     return kernels
 
 
+def _offsets(rows: List[dict], sass: Dict[int, Tuple[Line, str]]) -> List[int]:
+    """Each row's offset from the kernel's first instruction; ValueError if more than 1% of the rows' opcodes differ
+    from the SASS file's at that offset (the SASS of another build)."""
+    base = int(rows[0]["Address"], 16)
+    offsets = [int(row["Address"], 16) - base for row in rows]
+    mismatched = sum(sass.get(off, (None, ""))[1] != _opcode(row.get("Source", "")) for off, row in zip(offsets, rows))
+    if mismatched > len(rows) // 100:
+        raise ValueError(f"{mismatched} of {len(rows)} instructions differ from the SASS file: another build?")
+    return offsets
+
+
 def by_line(rows: List[dict], sass: Dict[int, Tuple[Line, str]]) -> Tuple[Dict[Line, Counter], Counter]:
     """Counters summed per source line, and the kernel's totals. Raises if the SASS is another build's."""
-    base = int(rows[0]["Address"], 16)
     per_line: Dict[Line, Counter] = defaultdict(Counter)
     totals: Counter = Counter()
-    mismatched = 0
-    for row in rows:
-        where, opcode = sass.get(int(row["Address"], 16) - base, (None, ""))
-        if opcode != _opcode(row.get("Source", "")):
-            mismatched += 1
+    for off, row in zip(_offsets(rows, sass), rows):
+        where = sass.get(off, (None, ""))[0]
         for key in (SAMPLES, WAVEFRONTS, EXCESS) + STALLS:
             value = _number(row.get(key, "0"))
             per_line[where][key] += value
             totals[key] += value
-    if mismatched > len(rows) // 100:
-        raise ValueError(f"{mismatched} of {len(rows)} instructions differ from the SASS file: another build?")
     return per_line, totals
 
 
@@ -113,21 +118,13 @@ def by_loop(rows: List[dict], sass_text: str, min_instr: int = 100) -> Tuple[Lis
     Raises if the SASS is another build's."""
     from loop_sass import find_loops, innermost      # (loop_sass imports this module: imported when used)
     loops = [(f"loop {i}", lp.start, lp.end) for i, lp in enumerate(innermost(find_loops(sass_text), min_instr), 1)]
-    sass = parse_sass(sass_text)
-    base = int(rows[0]["Address"], 16)
     keys = [k for k in rows[0] if k == SAMPLES or k == INSTRUCTIONS or k.startswith("stall_")]
     per: Dict[str, Counter] = {name: Counter() for name, _, _ in loops}
     per["other"] = Counter()
-    mismatched = 0
-    for row in rows:
-        offset = int(row["Address"], 16) - base
-        if sass.get(offset, (None, ""))[1] != _opcode(row.get("Source", "")):
-            mismatched += 1
-        region = next((name for name, start, end in loops if start <= offset <= end), "other")
+    for off, row in zip(_offsets(rows, parse_sass(sass_text)), rows):
+        region = next((name for name, start, end in loops if start <= off <= end), "other")
         for key in keys:
             per[region][key] += _number(row.get(key, "0"))
-    if mismatched > len(rows) // 100:
-        raise ValueError(f"{mismatched} of {len(rows)} instructions differ from the SASS file: another build?")
     return loops, per
 
 
