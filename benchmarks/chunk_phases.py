@@ -16,7 +16,7 @@ Stamps, for each chunk c of a window (first <= c < first + count) of every progr
                        3 `free` passed  4 both blocks' tiles stored (before [L; Aqk])  5 the masked tiles stored
                        (before the doubling)  6 tb stored, before `ready` is signalled
     chain:             7 before the wait for `ready`  8 `ready` passed  9 `free` signalled (the chunk done)
-`summarize` gives the median of each phase (cycles and µs at the clock given), the producer's chunk latency (0 → 6),
+`summarize` gives the median of each phase (cycles and µs at the clock given; means and 90th percentiles in µs too), the producer's chunk latency (0 → 6),
 the chain's wait for `ready` (7 → 8), its work per chunk (8 → 9), the chain's period (8 → next chunk's 8) and how
 long a finished chunk waits for the chain (6 → 8).
 
@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Dict, List, Sequence
@@ -114,8 +116,22 @@ def summarize(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: 
             if j + 1 < last and int(s[p, j + 1, 8]):
                 spans["chain_period"].append(int(s[p, j + 1, 8]) - e[8])
     cycles = {k: item_timeline._median(v) for k, v in spans.items()}
+    # the means and the 90th percentiles as well: a kernel's time is the sum of its chunks' periods, and where a
+    # few chunks are slow the median hides them
+    means = {k: statistics.mean(v) if v else float("nan") for k, v in spans.items()}
+    p90 = {k: _quantile(v, 0.9) for k, v in spans.items()}
     return dict(chunks=len(spans["producer_chunk"]), clock_ghz=clock_ghz, median_cycles=cycles,
-                median_us={k: v / clock_ghz / 1e3 for k, v in cycles.items()})
+                median_us={k: v / clock_ghz / 1e3 for k, v in cycles.items()},
+                mean_us={k: v / clock_ghz / 1e3 for k, v in means.items()},
+                p90_us={k: v / clock_ghz / 1e3 for k, v in p90.items()})
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile of values (the nearest rank), nan if there are none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
 
 
 def _clock_ghz() -> float:
@@ -130,8 +146,9 @@ def _clock_ghz() -> float:
 
 
 def phases(task_name: str, first: int = 32, count: int = 32, seed: int = 1234, rounds: int = 3,
-           repeats: int = 100) -> Dict:
-    """The stamped kernel against the library's on one bench task: bitwise check, times, the phases."""
+           repeats: int = 100, save_stamps: str = None) -> Dict:
+    """The stamped kernel against the library's on one bench task: bitwise check, times, the phases (and the raw
+    stamps, [programs, count * 10] SM cycles, saved with torch.save to save_stamps if given)."""
     from fastkda.bench.tasks import make_inputs, select_tasks
 
     task = select_tasks([task_name])[0]
@@ -140,6 +157,8 @@ def phases(task_name: str, first: int = 32, count: int = 32, seed: int = 1234, r
     kernel = item_timeline.load_stamped_kernel(source, edits(first, count))
     run = item_timeline.run_stamped(make_inputs(task, "cuda", seed), kernel, stamps, rounds, repeats)
     out = summarize(stamps.cpu(), item_timeline.program_chunks(task), first, count, _clock_ghz())
+    if save_stamps:
+        torch.save(stamps.cpu(), save_stamps)
     out.update(task=task_name, first=first, count=count, kernel_source=str(source), **run)
     return out
 
@@ -148,7 +167,8 @@ def _print(r: Dict) -> None:
     print(f"== {r['task']}: bitwise equal {r['bitwise_equal']}, library {r['library_ms']:.4f} ms, stamped "
           f"{r['stamped_ms']:.4f} ms; chunks {r['first']}..{r['first'] + r['count'] - 1} of each program, "
           f"{r['chunks']} stamped, {r['clock_ghz']:.3f} GHz ({r['kernel_source']})")
-    print("   median µs: " + ", ".join(f"{k} {v:.3f}" for k, v in r["median_us"].items()))
+    for stat in ("median", "mean", "p90"):
+        print(f"   {stat} µs: " + ", ".join(f"{k} {v:.3f}" for k, v in r[f"{stat}_us"].items()))
 
 
 def main(argv=None) -> int:
@@ -158,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--count", type=int, default=32, help="chunks stamped per program (default 32)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--save-stamps", default=None,
+                    help="a file name prefix: each task's raw stamps go to PREFIX<task>.pt (torch.save)")
     args = ap.parse_args(argv)
     if args.first < 0 or args.count < 1:
         raise SystemExit(f"chunk_phases: --first must be >= 0 and --count >= 1, got {args.first} and {args.count}")
@@ -165,7 +187,8 @@ def main(argv=None) -> int:
         raise SystemExit("chunk_phases: needs a CUDA device (the fused kernel is Hopper-only)")
     results = []
     for name in [t.strip() for t in args.tasks.split(",") if t.strip()]:
-        results.append(phases(name, args.first, args.count, args.seed))
+        results.append(phases(name, args.first, args.count, args.seed,
+                              save_stamps=f"{args.save_stamps}{name}.pt" if args.save_stamps else None))
         _print(results[-1])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -74,6 +74,7 @@ def test_summarize_recovers_the_phases():
     assert cyc["producer_chunk"] == 2100 and cyc["chunk_waits_for_chain"] == 50 and cyc["chain_wait_ready"] == 70
     assert cyc["chain_work"] == 700 and cyc["chain_period"] == 1000
     assert out["median_us"]["chain_period"] == pytest.approx(0.5)
+    assert out["mean_us"]["chain_work"] == pytest.approx(0.35) and out["p90_us"]["inputs"] == pytest.approx(0.05)
     # a window past a program's end counts only its chunks
     out = tool.summarize(_synthetic([6], first=4, count=8), [6], first=4, count=8, clock_ghz=2.0)
     assert out["chunks"] == 2 and out["median_cycles"]["chain_period"] == 1000
@@ -90,7 +91,21 @@ def test_the_stamped_kernel_compiles_for_sm90():
 def test_the_phases_of_a_packed_task_on_the_gpu():
     tool = _tool()
     out = tool.phases("H64_varlen_1024x8", first=4, count=8, rounds=1, repeats=20)
-    assert out["bitwise_equal"] and out["chunks"] == 8 * 64
+    # 8 sequences × 64 heads = 512 programs of 32 chunks, each stamped in chunks 4..11
+    assert out["bitwise_equal"] and out["chunks"] == 8 * 64 * 8
     cyc = out["median_cycles"]
     assert all(cyc[k] >= 0 for k in tool.PRODUCER_PHASES)
     assert 0 < cyc["chain_work"] < cyc["chain_period"] and cyc["producer_chunk"] > cyc["chain_period"]
+
+
+def test_the_mean_and_the_tail_show_slow_chunks_that_the_median_hides():
+    tool = _tool()
+    stamps = _synthetic([20], first=0, count=20)
+    s = stamps.view(20, 10)
+    s[3:, :] += 4000                                   # chunk 3 starts 4,000 cycles late: its wait for `ready` too
+    s[3, 7] -= 4000                                    # (the chain came to its wait on time)
+    out = tool.summarize(stamps, [20], first=0, count=20, clock_ghz=1.0)
+    assert out["median_cycles"]["chain_wait_ready"] == 70
+    assert out["mean_us"]["chain_wait_ready"] == pytest.approx((19 * 70 + 4070) / 20 / 1e3)
+    assert out["p90_us"]["chain_period"] == pytest.approx(1.0) and out["mean_us"]["chain_period"] > 1.2
+
