@@ -1,7 +1,8 @@
 """The fused kernel against the two stages over packed shapes: the data behind kernels.fused_by_rule.
 
     python benchmarks/fused_sweep.py [--shapes H32x8x1024,H4x1x8192+32x300,H64xB2x4096,...] [--graph]
-                                     [--sustain SECONDS] [--repeats 40] [--rounds 3] [--json PATH]
+                                     [--sustain SECONDS] [--fixed-as-packed] [--repeats 40] [--rounds 3]
+                                     [--json PATH]
 
 A shape is H heads × N packed sequences × L tokens each (H32x8x1024), or several such groups packed in turn
 (H4x1x8192+32x300: one sequence of 8,192 tokens, then 32 of 300; without cu_seqlens_cpu the rule sees only
@@ -15,8 +16,11 @@ CUDA graph, so that the GPU's time is measured, not a slow host's). Each row say
 so that a rule picking the slower route shows at once. With --sustain each route runs back to back for that
 many seconds before its timed calls in every round, and the SM clock and board power are read (nvidia-smi)
 while it does: the H200 holds its top clock only in short bursts, and a route that draws more power slows
-more under sustained load (docs/perf-notes.md, sessions 25 and 30). A diagnosis, not a record: records come
-from `python -m fastkda.bench`.
+more under sustained load (docs/perf-notes.md, sessions 25 and 30). With --fixed-as-packed a fixed-length
+shape also runs the fused kernel on the same tokens passed as packed sequences: the kernel's other
+specialisation (IS_VARLEN), which ptxas schedules otherwise; at H96 fixed the fused kernel's time moves by
+several percent with its code's schedule (docs/perf-notes.md, session 36). A diagnosis, not a record: records
+come from `python -m fastkda.bench`.
 """
 
 from __future__ import annotations
@@ -128,9 +132,12 @@ def sustain(fn, seconds: float, *, batch: int = 50, read=read_clock_and_power, s
 
 
 def measure(name: str, *, repeats: int, rounds: int, seed: int, graph: bool = False,
-            sustain_s: float = 0.0) -> dict:
+            sustain_s: float = 0.0, fixed_as_packed: bool = False) -> dict:
     """One shape: bitwise comparison of the two routes, then interleaved timings (CUDA); with ``sustain_s``
-    each timing follows that many seconds of the route back to back (readings of clock and power kept)."""
+    each timing follows that many seconds of the route back to back (readings of clock and power kept). With
+    ``fixed_as_packed``, a fixed-length shape also runs the fused kernel as packed sequences (the same tokens
+    with cu_seqlens: the kernel's packed specialisation, the tables launch included), compared bitwise with
+    the fixed-length call and timed in the same rounds (``fused_packed_*``)."""
     H, lens, fixed = parse_shape(name)
     task = Task(name.strip(), H, lens)
     x = make_inputs(task, "cuda", seed=seed)
@@ -139,56 +146,72 @@ def measure(name: str, *, repeats: int, rounds: int, seed: int, graph: bool = Fa
         B, T = len(lens), lens[0]
         q, k, v, g, beta = (t.view(B, T, *t.shape[2:]) for t in (q, k, v, g, beta))
         cu = None
-    outs = {r: (torch.empty_like(v), torch.empty_like(x.initial_state)) for r in (True, False)}
+    routes = ("fused", "two_stages") + (("fused_packed",) if fixed and fixed_as_packed else ())
+    outs = {r: (torch.empty_like(x.v), torch.empty_like(x.initial_state)) for r in routes}
 
-    def call(fused: bool):
-        out, final = outs[fused]
-        with _route(fused):
-            fastkda.fwd(q, k, v, g, beta, task.scale, out, x.A_log, x.dt_bias, task.lower_bound, x.initial_state,
-                        final, cu)
+    def call(route: str):
+        out, final = outs[route]
+        with _route(route != "two_stages"):
+            if route == "fused_packed":
+                fastkda.fwd(x.q, x.k, x.v, x.g, x.beta, task.scale, out, x.A_log, x.dt_bias, task.lower_bound,
+                            x.initial_state, final, x.cu_seqlens)
+            else:
+                fastkda.fwd(q, k, v, g, beta, task.scale, out.view(v.shape), x.A_log, x.dt_bias, task.lower_bound,
+                            x.initial_state, final, cu)
 
     if not kernels.fused_applies(q, k, g, v, x.A_log, x.dt_bias, True, True, True):
         raise SystemExit("fused_sweep: the fused kernel does not apply on this GPU (it needs Hopper and Gluon)")
-    call(True)
-    call(False)
+    for route in routes:
+        call(route)
     torch.cuda.synchronize()
-    equal = all(torch.equal(a, b) for a, b in zip(outs[True], outs[False]))
-    times = {True: [], False: []}
-    readings = {True: [], False: []}
+    equal = all(torch.equal(a, b) for a, b in zip(outs["fused"], outs["two_stages"]))
+    times = {r: [] for r in routes}
+    readings = {r: [] for r in routes}
     timer = time_cuda_graph if graph else time_cuda
     # the load as the timing sees it: with --graph, replays (eager calls of a small shape leave the GPU idle
     # while the host works)
-    load_fn = {fused: (capture_graph(lambda f=fused: call(f)).replay if graph and sustain_s > 0
-                       else lambda f=fused: call(f)) for fused in (True, False)}
+    load_fn = {r: (capture_graph(lambda r=r: call(r)).replay if graph and sustain_s > 0 else lambda r=r: call(r))
+               for r in routes}
     for _ in range(rounds):
-        for fused in (True, False):
-            readings[fused] += sustain(load_fn[fused], sustain_s)
-            times[fused].append(timer(lambda: call(fused), warmup=5, repeats=repeats, rounds=1).median_ms)
-    fused_ms, two_ms = statistics.mean(times[True]), statistics.mean(times[False])
+        for route in routes:
+            readings[route] += sustain(load_fn[route], sustain_s)
+            times[route].append(timer(lambda: call(route), warmup=5, repeats=repeats, rounds=1).median_ms)
+    fused_ms, two_ms = statistics.mean(times["fused"]), statistics.mean(times["two_stages"])
     load = {}
-    for fused, key in ((True, "fused"), (False, "two_stages")):
-        if readings[fused]:
-            load[f"{key}_clock_mhz"] = statistics.median(r[0] for r in readings[fused])
-            load[f"{key}_power_w"] = statistics.median(r[1] for r in readings[fused])
+    for key in routes:
+        if readings[key]:
+            load[f"{key}_clock_mhz"] = statistics.median(r[0] for r in readings[key])
+            load[f"{key}_power_w"] = statistics.median(r[1] for r in readings[key])
+    packed = {}
+    if "fused_packed" in routes:
+        packed_ms = statistics.mean(times["fused_packed"])
+        packed = dict(fused_packed_ms=packed_ms, fused_packed_rounds=times["fused_packed"],
+                      fused_packed_vs_fused=packed_ms / fused_ms - 1,
+                      fused_packed_bitwise_equal=all(torch.equal(a, b)
+                                                     for a, b in zip(outs["fused"], outs["fused_packed"])))
     sm_count = torch.cuda.get_device_properties(v.device).multi_processor_count
     return dict(shape=task.name, H=H, N=len(lens), tokens=sum(lens), longest=max(lens), fixed_length=fixed,
                 timing="graph" if graph else "eager", sustain_s=sustain_s, bitwise_equal=equal, fused_ms=fused_ms,
-                two_stages_ms=two_ms, fused_rounds=times[True], two_stages_rounds=times[False], **load,
-                **verdict(H, lens, fixed, fused_ms, two_ms, sm_count))
+                two_stages_ms=two_ms, fused_rounds=times["fused"], two_stages_rounds=times["two_stages"], **packed,
+                **load, **verdict(H, lens, fixed, fused_ms, two_ms, sm_count))
 
 
 def run(shapes: Sequence[str], *, repeats: int = 40, rounds: int = 3, graph: bool = False, sustain_s: float = 0.0,
-        log=print) -> List[dict]:
+        fixed_as_packed: bool = False, log=print) -> List[dict]:
     if not torch.cuda.is_available():
         raise SystemExit("fused_sweep: needs a CUDA GPU (the fused kernel is Hopper-only)")
     for name in shapes:
         parse_shape(name)                            # every shape is well-formed before the first run
     rows = []
     for i, name in enumerate(shapes):
-        r = measure(name, repeats=repeats, rounds=rounds, seed=100 + i, graph=graph, sustain_s=sustain_s)
+        r = measure(name, repeats=repeats, rounds=rounds, seed=100 + i, graph=graph, sustain_s=sustain_s,
+                    fixed_as_packed=fixed_as_packed)
         rows.append(r)
         load = "".join(f"  {key}: {r[key + '_clock_mhz']:.0f} MHz {r[key + '_power_w']:.0f} W"
-                       for key in ("fused", "two_stages") if key + "_clock_mhz" in r)
+                       for key in ("fused", "two_stages", "fused_packed") if key + "_clock_mhz" in r)
+        if "fused_packed_ms" in r:
+            load += (f"  fused as packed {r['fused_packed_ms']:.3f} ms ({r['fused_packed_vs_fused']:+.1%}"
+                     f"{'' if r['fused_packed_bitwise_equal'] else ', NOT BITWISE EQUAL'})")
         log(f"{r['shape']:<18} {r['programs']:5d} programs  fused {r['fused_ms']:.3f}  two stages "
             f"{r['two_stages_ms']:.3f} ms ({r['fused_vs_two_stages']:+.1%}){load}  rule: {r['rule_picks']:<10}"
             f"{'' if r['rule_right'] else '  <- the slower route'}"
@@ -206,6 +229,9 @@ def main(argv=None):
     ap.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
                     help="run each route back to back this long before its timed calls, every round (load: clock "
                          "and power read while it runs)")
+    ap.add_argument("--fixed-as-packed", action="store_true",
+                    help="fixed-length shapes: also time the fused kernel called with the same tokens as packed "
+                         "sequences (its packed specialisation)")
     ap.add_argument("--repeats", type=int, default=40, help="timed calls per round and route")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
@@ -213,7 +239,8 @@ def main(argv=None):
     shapes = args.shapes.split(",") if args.shapes else list(DEFAULT_SHAPES)
     if args.sustain < 0:
         raise SystemExit(f"fused_sweep: --sustain must be >= 0 seconds, got {args.sustain}")
-    rows = run(shapes, repeats=args.repeats, rounds=args.rounds, graph=args.graph, sustain_s=args.sustain)
+    rows = run(shapes, repeats=args.repeats, rounds=args.rounds, graph=args.graph, sustain_s=args.sustain,
+               fixed_as_packed=args.fixed_as_packed)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"what": "fused kernel against the two stages (benchmarks/fused_sweep.py)",
@@ -222,7 +249,7 @@ def main(argv=None):
         wrong = [r["shape"] for r in rows if not r[key]]
         print(f"the rule{how} picks the slower route on {len(wrong)} of {len(rows)} shapes"
               + (f": {', '.join(wrong)}" if wrong else ""))
-    if not all(r["bitwise_equal"] for r in rows):
+    if not all(r["bitwise_equal"] and r.get("fused_packed_bitwise_equal", True) for r in rows):
         raise SystemExit("fused_sweep: the routes differ on some shape (see the rows)")
 
 

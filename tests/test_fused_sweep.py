@@ -68,6 +68,12 @@ def test_both_routes_agree_bitwise_and_are_timed():
     row = tool.measure("H4xB3x100", repeats=3, rounds=1, seed=0, graph=True)
     assert row["bitwise_equal"] and row["fixed_length"] and row["timing"] == "graph"
     assert row["fused_ms"] > 0 and row["two_stages_ms"] > 0 and len(row["fused_rounds"]) == 1
+    assert "fused_packed_ms" not in row
+    # a fixed-length batch also through the fused kernel's packed specialisation: the same bits
+    row = tool.measure("H4xB3x100", repeats=3, rounds=1, seed=0, graph=True, fixed_as_packed=True)
+    assert row["bitwise_equal"] and row["fused_packed_bitwise_equal"] and row["fused_packed_ms"] > 0
+    assert len(row["fused_packed_rounds"]) == 1
+    assert "fused_packed_ms" not in tool.measure("H16x24x100", repeats=3, rounds=1, seed=0, fixed_as_packed=True)
     for graph in (False, True):                      # sustained by eager calls, or by graph replays
         row = tool.measure("H4xB3x100", repeats=3, rounds=1, seed=0, graph=graph, sustain_s=0.2)
         assert row["bitwise_equal"] and row["sustain_s"] == 0.2
