@@ -16,9 +16,9 @@ Stamps, for each chunk c of a window (first <= c < first + count) of every progr
                        3 `free` passed  4 both blocks' tiles stored (before [L; Aqk])  5 the masked tiles stored
                        (before the doubling)  6 tb stored, before `ready` is signalled
     chain:             7 before the wait for `ready`  8 `ready` passed  9 `free` signalled (the chunk done)
-`summarize` gives the median of each phase (cycles and µs at the clock given; means and 90th percentiles in µs too), the producer's chunk latency (0 → 6),
-the chain's wait for `ready` (7 → 8), its work per chunk (8 → 9), the chain's period (8 → next chunk's 8) and how
-long a finished chunk waits for the chain (6 → 8).
+`summarize` gives the median of each phase (cycles and µs at the clock given; means and 90th percentiles in µs too),
+the producer's chunk latency (0 → 6), the chain's wait for `ready` (7 → 8), its work per chunk (8 → 9), the chain's
+period (8 → next chunk's 8) and how long a finished chunk waits for the chain (6 → 8).
 
 A diagnosis, not a record: records come from `python -m fastkda.bench`.
 """
@@ -31,7 +31,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -146,7 +146,7 @@ def _clock_ghz() -> float:
 
 
 def phases(task_name: str, first: int = 32, count: int = 32, seed: int = 1234, rounds: int = 3,
-           repeats: int = 100, save_stamps: str = None) -> Dict:
+           repeats: int = 100, save_stamps: Optional[str] = None) -> Dict:
     """The stamped kernel against the library's on one bench task: bitwise check, times, the phases (and the raw
     stamps, [programs, count * 10] SM cycles, saved with torch.save to save_stamps if given)."""
     from fastkda.bench.tasks import make_inputs, select_tasks

@@ -108,4 +108,3 @@ def test_the_mean_and_the_tail_show_slow_chunks_that_the_median_hides():
     assert out["median_cycles"]["chain_wait_ready"] == 70
     assert out["mean_us"]["chain_wait_ready"] == pytest.approx((19 * 70 + 4070) / 20 / 1e3)
     assert out["p90_us"]["chain_period"] == pytest.approx(1.0) and out["mean_us"]["chain_period"] > 1.2
-
