@@ -18,7 +18,10 @@ Stamps, for each chunk c of a window (first <= c < first + count) of every progr
     chain:             7 before the wait for `ready`  8 `ready` passed  9 `free` signalled (the chunk done)
 `summarize` gives the median of each phase (cycles and µs at the clock given; means and 90th percentiles in µs too),
 the producer's chunk latency (0 → 6), the chain's wait for `ready` (7 → 8), its work per chunk (8 → 9), the chain's
-period (8 → next chunk's 8) and how long a finished chunk waits for the chain (6 → 8).
+period (8 → next chunk's 8) and how long a finished chunk waits for the chain (6 → 8). A kernel's time is the sum of
+its periods, and ~10% of it lies outside the median chunk (docs/perf-notes.md, session 36): `by_position` gives the
+means along the window (do chunks slow down along the sequence?) and `slow_periods` what the slowest periods wait
+for (the chain's work, or which producer phase of the next chunk).
 
 A diagnosis, not a record: records come from `python -m fastkda.bench`.
 """
@@ -95,26 +98,73 @@ def kernel_source() -> Path:
     return Path(fastkda.kernels.__file__).resolve().parent / "fused_gluon.py"
 
 
-def summarize(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: int, clock_ghz: float) -> Dict:
-    """Median phases (cycles, and µs at clock_ghz) over every program's chunks in the window from their stamps
-    ([programs, count * 10] int64, SM cycles)."""
+SPANS = PRODUCER_PHASES + ("producer_chunk", "chunk_waits_for_chain", "chain_wait_ready", "chain_work", "chain_period")
+
+
+def _chunks(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: int):
+    """(program, window position j, {span: cycles}) for every stamped chunk; chain_period (from this chunk's `ready`
+    passed to the next one's) only where the next chunk is in the window."""
     s = stamps.to(torch.int64).view(stamps.shape[0], count, EVENTS_PER_CHUNK)
-    spans: Dict[str, List[float]] = {k: [] for k in PRODUCER_PHASES + (
-        "producer_chunk", "chunk_waits_for_chain", "chain_wait_ready", "chain_work", "chain_period")}
     for p in range(s.shape[0]):
         last = min(int(n_chunks[p]), first + count) - first
         for j in range(max(last, 0)):
             e = [int(v) for v in s[p, j]]
             if 0 in e:                                  # a stamp not written (should not happen in the window)
                 continue
-            for i, name in enumerate(PRODUCER_PHASES):
-                spans[name].append(e[i + 1] - e[i])
-            spans["producer_chunk"].append(e[6] - e[0])
-            spans["chunk_waits_for_chain"].append(e[8] - e[6])
-            spans["chain_wait_ready"].append(e[8] - e[7])
-            spans["chain_work"].append(e[9] - e[8])
+            spans = {name: e[i + 1] - e[i] for i, name in enumerate(PRODUCER_PHASES)}
+            spans.update(producer_chunk=e[6] - e[0], chunk_waits_for_chain=e[8] - e[6], chain_wait_ready=e[8] - e[7],
+                         chain_work=e[9] - e[8])
             if j + 1 < last and int(s[p, j + 1, 8]):
-                spans["chain_period"].append(int(s[p, j + 1, 8]) - e[8])
+                spans["chain_period"] = int(s[p, j + 1, 8]) - e[8]
+            yield p, j, spans
+
+
+def by_position(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: int, clock_ghz: float,
+                bucket: int) -> List[Dict]:
+    """The mean of each span (µs) over every program's chunks at window positions [b·bucket, (b + 1)·bucket), per
+    bucket b: whether chunks get slower along the sequence (the programs walk it in step at a fixed length)."""
+    rows: Dict[int, Dict[str, List[float]]] = {}
+    for _, j, chunk in _chunks(stamps, n_chunks, first, count):
+        row = rows.setdefault(j // bucket, {k: [] for k in SPANS})
+        for k, v in chunk.items():
+            row[k].append(v)
+    return [dict(chunks=f"{first + b * bucket}..{first + min((b + 1) * bucket, count) - 1}",
+                 mean_us={k: statistics.mean(v) / clock_ghz / 1e3 if v else float("nan") for k, v in row.items()})
+            for b, row in sorted(rows.items())]
+
+
+def slow_periods(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: int, clock_ghz: float,
+                 q: float = 0.9) -> Dict:
+    """What makes the chain's slowest periods slow. A period runs from chunk j's `ready` passed to chunk j + 1's:
+    the chain's work on j, then its wait for j + 1, which is as late as j + 1's producer phases make it. For the
+    periods above the q-quantile: their count, and the mean excess (µs) over the median of the chain's work on j,
+    its wait for j + 1 and each of j + 1's producer phases."""
+    chunks = {(p, j): c for p, j, c in _chunks(stamps, n_chunks, first, count)}
+    periods = [(c["chain_period"], p, j) for (p, j), c in chunks.items() if "chain_period" in c]
+    if not periods:
+        return dict(periods=0, threshold_us=float("nan"), excess_us={})
+    threshold = _quantile([t for t, _, _ in periods], q)
+    slow = [(p, j) for t, p, j in periods if t > threshold and (p, j + 1) in chunks]
+    median = {k: item_timeline._median([c[k] for c in chunks.values() if k in c]) for k in SPANS}
+    parts = {"chain_work (j)": lambda p, j: chunks[(p, j)]["chain_work"],
+             "chain_wait_ready (j + 1)": lambda p, j: chunks[(p, j + 1)]["chain_wait_ready"]}
+    parts.update({f"{k} (j + 1)": (lambda p, j, k=k: chunks[(p, j + 1)][k]) for k in PRODUCER_PHASES})
+    base = dict(zip(parts, [median["chain_work"], median["chain_wait_ready"]] + [median[k] for k in PRODUCER_PHASES]))
+    excess = {name: (statistics.mean(get(p, j) for p, j in slow) - base[name]) / clock_ghz / 1e3 if slow else 0.0
+              for name, get in parts.items()}
+    return dict(periods=len(slow), threshold_us=threshold / clock_ghz / 1e3,
+                mean_slow_period_us=statistics.mean(chunks[k]["chain_period"] for k in slow) / clock_ghz / 1e3
+                if slow else float("nan"),
+                median_period_us=median["chain_period"] / clock_ghz / 1e3, excess_us=excess)
+
+
+def summarize(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: int, clock_ghz: float) -> Dict:
+    """Median phases (cycles, and µs at clock_ghz) over every program's chunks in the window from their stamps
+    ([programs, count * 10] int64, SM cycles)."""
+    spans: Dict[str, List[float]] = {k: [] for k in SPANS}
+    for _, _, chunk in _chunks(stamps, n_chunks, first, count):
+        for k, v in chunk.items():
+            spans[k].append(v)
     cycles = {k: item_timeline._median(v) for k, v in spans.items()}
     # the means and the 90th percentiles as well: a kernel's time is the sum of its chunks' periods, and where a
     # few chunks are slow the median hides them
@@ -146,8 +196,9 @@ def _clock_ghz() -> float:
 
 
 def phases(task_name: str, first: int = 32, count: int = 32, seed: int = 1234, rounds: int = 3,
-           repeats: int = 100, save_stamps: Optional[str] = None) -> Dict:
-    """The stamped kernel against the library's on one bench task: bitwise check, times, the phases (and the raw
+           repeats: int = 100, save_stamps: Optional[str] = None, bucket: int = 16) -> Dict:
+    """The stamped kernel against the library's on one bench task: bitwise check, times, the phases, their means
+    by window position (buckets of `bucket` chunks) and what the slowest chain periods wait for (and the raw
     stamps, [programs, count * 10] SM cycles, saved with torch.save to save_stamps if given)."""
     from fastkda.bench.tasks import make_inputs, select_tasks
 
@@ -156,9 +207,12 @@ def phases(task_name: str, first: int = 32, count: int = 32, seed: int = 1234, r
     source = kernel_source()
     kernel = item_timeline.load_stamped_kernel(source, edits(first, count))
     run = item_timeline.run_stamped(make_inputs(task, "cuda", seed), kernel, stamps, rounds, repeats)
-    out = summarize(stamps.cpu(), item_timeline.program_chunks(task), first, count, _clock_ghz())
+    cpu, n_chunks, ghz = stamps.cpu(), item_timeline.program_chunks(task), _clock_ghz()
+    out = summarize(cpu, n_chunks, first, count, ghz)
+    out.update(by_position=by_position(cpu, n_chunks, first, count, ghz, bucket),
+               slow_periods=slow_periods(cpu, n_chunks, first, count, ghz))
     if save_stamps:
-        torch.save(stamps.cpu(), save_stamps)
+        torch.save(cpu, save_stamps)
     out.update(task=task_name, first=first, count=count, kernel_source=str(source), **run)
     return out
 
@@ -169,6 +223,16 @@ def _print(r: Dict) -> None:
           f"{r['chunks']} stamped, {r['clock_ghz']:.3f} GHz ({r['kernel_source']})")
     for stat in ("median", "mean", "p90"):
         print(f"   {stat} µs: " + ", ".join(f"{k} {v:.3f}" for k, v in r[f"{stat}_us"].items()))
+    print("   by position, mean µs (producer's chunk / chain's wait / work / period):")
+    for row in r["by_position"]:
+        m = row["mean_us"]
+        print(f"     chunks {row['chunks']:>9}: {m['producer_chunk']:.3f} / {m['chain_wait_ready']:.3f} / "
+              f"{m['chain_work']:.3f} / {m['chain_period']:.3f}")
+    slow = r["slow_periods"]
+    if slow["periods"]:
+        print(f"   {slow['periods']} periods above {slow['threshold_us']:.3f} µs (mean {slow['mean_slow_period_us']:.3f}, "
+              f"median period {slow['median_period_us']:.3f}); excess over the medians, µs: "
+              + ", ".join(f"{k} {v:+.3f}" for k, v in slow["excess_us"].items()))
 
 
 def main(argv=None) -> int:
@@ -178,17 +242,20 @@ def main(argv=None) -> int:
     ap.add_argument("--count", type=int, default=32, help="chunks stamped per program (default 32)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--bucket", type=int, default=16, help="chunks per row of the by-position means (default 16)")
     ap.add_argument("--save-stamps", default=None,
                     help="a file name prefix: each task's raw stamps go to PREFIX<task>.pt (torch.save)")
     args = ap.parse_args(argv)
-    if args.first < 0 or args.count < 1:
-        raise SystemExit(f"chunk_phases: --first must be >= 0 and --count >= 1, got {args.first} and {args.count}")
+    if args.first < 0 or args.count < 1 or args.bucket < 1:
+        raise SystemExit(f"chunk_phases: --first must be >= 0, --count and --bucket >= 1, got {args.first}, "
+                         f"{args.count} and {args.bucket}")
     if not torch.cuda.is_available():
         raise SystemExit("chunk_phases: needs a CUDA device (the fused kernel is Hopper-only)")
     results = []
     for name in [t.strip() for t in args.tasks.split(",") if t.strip()]:
         results.append(phases(name, args.first, args.count, args.seed,
-                              save_stamps=f"{args.save_stamps}{name}.pt" if args.save_stamps else None))
+                              save_stamps=f"{args.save_stamps}{name}.pt" if args.save_stamps else None,
+                              bucket=args.bucket))
         _print(results[-1])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

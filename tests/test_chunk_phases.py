@@ -108,3 +108,32 @@ def test_the_mean_and_the_tail_show_slow_chunks_that_the_median_hides():
     assert out["median_cycles"]["chain_wait_ready"] == 70
     assert out["mean_us"]["chain_wait_ready"] == pytest.approx((19 * 70 + 4070) / 20 / 1e3)
     assert out["p90_us"]["chain_period"] == pytest.approx(1.0) and out["mean_us"]["chain_period"] > 1.2
+
+
+def test_by_position_shows_chunks_slowing_along_the_window():
+    tool = _tool()
+    stamps = _synthetic([12, 12], first=0, count=12)
+    s = stamps.view(2, 12, 10)
+    for j in range(12):                                # from chunk 8 on, each chunk's operands phase +1,000 cycles
+        s[:, j, 4:] += 1000 * max(0, j - 7)
+        s[:, j, 7] -= 1000 * max(0, j - 7)            # (the chain reaches its wait on its own time)
+    rows = tool.by_position(stamps, [12, 12], first=0, count=12, clock_ghz=1.0, bucket=4)
+    assert [r["chunks"] for r in rows] == ["0..3", "4..7", "8..11"]
+    assert [r["chunks"] for r in tool.by_position(stamps, [12, 12], 0, 12, 1.0, bucket=5)] == ["0..4", "5..9", "10..11"]
+    assert rows[0]["mean_us"]["operands"] == pytest.approx(0.4) and rows[1]["mean_us"]["operands"] == pytest.approx(0.4)
+    assert rows[2]["mean_us"]["operands"] > 0.4 and rows[2]["mean_us"]["producer_chunk"] > rows[1]["mean_us"]["producer_chunk"]
+
+
+def test_slow_periods_name_the_producer_phase_that_made_the_next_chunk_late():
+    tool = _tool()
+    stamps = _synthetic([30, 30, 30], first=0, count=30)
+    s = stamps.view(3, 30, 10)
+    s[1, 10, 5:] += 3000                               # program 1's chunk 10: [L; Aqk] 3,000 cycles longer,
+    s[1, 11:, :] += 3000                               # so its `ready` and everything after it come 3,000 later
+    s[1, 10, 7] -= 3000                                # (the chain came to its wait for chunk 10 on time)
+    out = tool.slow_periods(stamps, [30, 30, 30], first=0, count=30, clock_ghz=1.0)
+    assert out["periods"] == 1 and out["median_period_us"] == pytest.approx(1.0)
+    assert out["mean_slow_period_us"] == pytest.approx(4.0)
+    ex = out["excess_us"]
+    assert ex["l_aqk_masks (j + 1)"] == pytest.approx(3.0) and ex["chain_wait_ready (j + 1)"] == pytest.approx(3.0)
+    assert ex["chain_work (j)"] == pytest.approx(0.0) and ex["operands (j + 1)"] == pytest.approx(0.0)
