@@ -141,21 +141,21 @@ def slow_periods(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, coun
     its wait for j + 1 and each of j + 1's producer phases."""
     chunks = {(p, j): c for p, j, c in _chunks(stamps, n_chunks, first, count)}
     periods = [(c["chain_period"], p, j) for (p, j), c in chunks.items() if "chain_period" in c]
+    nan = float("nan")
     if not periods:
-        return dict(periods=0, threshold_us=float("nan"), excess_us={})
+        return dict(periods=0, threshold_us=nan, mean_slow_period_us=nan, median_period_us=nan, excess_us={})
     threshold = _quantile([t for t, _, _ in periods], q)
     slow = [(p, j) for t, p, j in periods if t > threshold and (p, j + 1) in chunks]
     median = {k: item_timeline._median([c[k] for c in chunks.values() if k in c]) for k in SPANS}
-    parts = {"chain_work (j)": lambda p, j: chunks[(p, j)]["chain_work"],
-             "chain_wait_ready (j + 1)": lambda p, j: chunks[(p, j + 1)]["chain_wait_ready"]}
-    parts.update({f"{k} (j + 1)": (lambda p, j, k=k: chunks[(p, j + 1)][k]) for k in PRODUCER_PHASES})
-    base = dict(zip(parts, [median["chain_work"], median["chain_wait_ready"]] + [median[k] for k in PRODUCER_PHASES]))
-    excess = {name: (statistics.mean(get(p, j) for p, j in slow) - base[name]) / clock_ghz / 1e3 if slow else 0.0
-              for name, get in parts.items()}
-    return dict(periods=len(slow), threshold_us=threshold / clock_ghz / 1e3,
-                mean_slow_period_us=statistics.mean(chunks[k]["chain_period"] for k in slow) / clock_ghz / 1e3
-                if slow else float("nan"),
-                median_period_us=median["chain_period"] / clock_ghz / 1e3, excess_us=excess)
+    # (name, span, the chunk it is taken from: j or j + 1)
+    parts = [("chain_work (j)", "chain_work", 0), ("chain_wait_ready (j + 1)", "chain_wait_ready", 1)] + [
+        (f"{k} (j + 1)", k, 1) for k in PRODUCER_PHASES]
+    us = 1.0 / clock_ghz / 1e3
+    return dict(periods=len(slow), threshold_us=threshold * us,
+                mean_slow_period_us=statistics.mean(chunks[k]["chain_period"] for k in slow) * us if slow else nan,
+                median_period_us=median["chain_period"] * us,
+                excess_us={name: (statistics.mean(chunks[(p, j + d)][span] for p, j in slow) - median[span]) * us
+                           if slow else 0.0 for name, span, d in parts})
 
 
 def summarize(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: int, clock_ghz: float) -> Dict:
