@@ -137,3 +137,6 @@ def test_slow_periods_name_the_producer_phase_that_made_the_next_chunk_late():
     ex = out["excess_us"]
     assert ex["l_aqk_masks (j + 1)"] == pytest.approx(3.0) and ex["chain_wait_ready (j + 1)"] == pytest.approx(3.0)
     assert ex["chain_work (j)"] == pytest.approx(0.0) and ex["operands (j + 1)"] == pytest.approx(0.0)
+    # a window of one chunk per program has no period: nothing to attribute, the keys all there
+    out = tool.slow_periods(_synthetic([1], first=0, count=1), [1], first=0, count=1, clock_ghz=1.0)
+    assert out["periods"] == 0 and out["excess_us"] == {} and out["median_period_us"] != out["median_period_us"]
