@@ -185,14 +185,10 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 
 def _clock_ghz() -> float:
-    """The SM clock now (GHz) from nvidia-smi, else the device's maximum from torch."""
-    import subprocess
-    try:
-        mhz = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout.split()[0]
-        return float(mhz) / 1e3
-    except (OSError, IndexError, ValueError, subprocess.SubprocessError):
-        return torch.cuda.get_device_properties(0).clock_rate / 1e6
+    """The SM clock now (GHz) from nvidia-smi (fused_sweep's reading), else the device's maximum from torch."""
+    from fused_sweep import read_clock_and_power     # (imports fastkda: when used, from the tree on PYTHONPATH)
+    reading = read_clock_and_power()
+    return reading[0] / 1e3 if reading else torch.cuda.get_device_properties(0).clock_rate / 1e6
 
 
 def phases(task_name: str, first: int = 32, count: int = 32, seed: int = 1234, rounds: int = 3,
