@@ -174,10 +174,14 @@ def program_chunks(task) -> List[int]:
     return [-(-lengths[p // task.H] // BT) for p in range(len(lengths) * task.H)]
 
 
-def run_stamped(x, stamped, stamps: torch.Tensor, rounds: int = 3, repeats: int = 100) -> Dict:
+def run_stamped(x, stamped, stamps: torch.Tensor, rounds: int = 3, repeats: int = 100,
+                captures: int = 1, burst: int = 1) -> Dict:
     """The stamped fused kernel (stamps: its extra argument, zeroed first) against the library's on inputs x, both
     through the library's route with the fused kernel forced: whether they agree to the bit, their times (ms, mean
-    of the rounds' CUDA-graph medians), and `stamps` holding one last call's stamps."""
+    of the rounds' CUDA-graph medians), and `stamps` holding one last call's stamps. With captures > 1, the stamps
+    of that many separate calls as well (`captured`, CPU tensors, the last one `stamps`'): which SMs a program
+    lands on changes from call to call. Each captured call is the last of `burst` calls back to back: an isolated
+    call (burst 1) starts on an idle GPU and runs at another clock than calls under sustained load."""
     from fastkda import kernels
     from fastkda.bench.impls import fastkda_impl
     from fastkda.bench.timing import time_cuda_graph
@@ -211,14 +215,21 @@ def run_stamped(x, stamped, stamps: torch.Tensor, rounds: int = 3, repeats: int 
                 kernels._gluon = library_gluon if name == "library" else with_stamps
                 times[name].append(time_cuda_graph(fn, warmup=10, repeats=repeats).median_ms)
         kernels._gluon = with_stamps
-        stamps.zero_()
-        probe()
-        torch.cuda.synchronize()
+        captured = []
+        for _ in range(max(captures, 1)):
+            stamps.zero_()
+            for _ in range(max(burst, 1)):               # each call writes every stamp of its window
+                probe()
+            torch.cuda.synchronize()
+            captured.append(stamps.cpu())
     finally:
         kernels._gluon = library_gluon
         kernels.FUSED, direct_launch._direct = saved
-    return dict(bitwise_equal=equal, library_ms=statistics.mean(times["library"]),
-                stamped_ms=statistics.mean(times["stamped"]))
+    out = dict(bitwise_equal=equal, library_ms=statistics.mean(times["library"]),
+               stamped_ms=statistics.mean(times["stamped"]))
+    if captures > 1:
+        out["captured"] = captured
+    return out
 
 
 def timeline(task_name: str, seed: int = 1234, rounds: int = 3, repeats: int = 100) -> Dict:

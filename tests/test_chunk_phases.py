@@ -24,7 +24,7 @@ def _stamped(first=32, count=32):
 def test_each_event_is_stamped_once_in_its_partition():
     tool, out = _stamped(first=5, count=7)
     ast.parse(out)
-    events = [int(e) for e in re.findall(r"_tick\(stamps, c, (\d), 5, 7, 70\)", out)]
+    events = [int(e) for e in re.findall(r"_tick\(stamps, c, (\d), 5, 7, 71\)", out)]   # 7 chunks of 10, the SM id
     assert sorted(events) == list(range(10))
     producer = out[out.index("def _producer("):out.index("def _store_output(")]
     chain = out[out.index("def _chain("):out.index("def _fused_kernel(")]
@@ -34,6 +34,19 @@ def test_each_event_is_stamped_once_in_its_partition():
     assert re.search(r"_tick\(stamps, c, 7, [^\n]*\n\s*mbarrier.wait\(ready[^\n]*\n\s*_tick\(stamps, c, 8,", chain)
     assert re.search(r"_tick\(stamps, c, 2, [^\n]*\n\s*mbarrier.wait\(free[^\n]*\n\s*_tick\(stamps, c, 3,", producer)
     assert "from ." not in out and out.count("LOG2_BT, stamps)),") == 2
+    # the chain stamps its SM once, before its loop, in the row's last column; the cycle counter by default
+    assert re.search(r"\n    _stamp_smid\(stamps, 71\)\n    for c in range\(0, n_chunks\):", chain)
+    assert "%clock64" in out and "%globaltimer" not in out and "%smid" in out
+
+
+def test_the_global_timer_replaces_the_cycle_counter_and_a_bad_timer_is_refused():
+    tool = _tool()
+    timeline = benchmark_script("item_timeline")
+    out = timeline.stamped_source(tool.kernel_source().read_text(), tool.edits(0, 4, timer="global"))
+    ast.parse(out)
+    assert "%globaltimer" in out and "%clock64" not in out
+    with pytest.raises(ValueError, match="timer must be one of"):
+        tool.edits(0, 4, timer="wall")
 
 
 def test_a_changed_kernel_is_refused_naming_the_edit():
@@ -140,3 +153,31 @@ def test_slow_periods_name_the_producer_phase_that_made_the_next_chunk_late():
     # a window of one chunk per program has no period: nothing to attribute, the keys all there
     out = tool.slow_periods(_synthetic([1], first=0, count=1), [1], first=0, count=1, clock_ghz=1.0)
     assert out["periods"] == 0 and out["excess_us"] == {} and out["median_period_us"] != out["median_period_us"]
+
+
+def test_by_program_finds_the_slowest_program_and_splits_by_shared_tpc():
+    tool = _tool()
+    stamps = _synthetic([10, 10, 10], first=0, count=10)
+    s = stamps.view(3, 10, 10)
+    for j in range(10):                                # program 2 runs every chunk 500 cycles slower
+        s[2, j, :] += 500 * j
+    sm = torch.tensor([[4], [5], [9]])                 # programs 0 and 1 share TPC 2 (SMs 4, 5); program 2 is alone
+    out = tool.by_program(torch.cat([stamps, sm], 1), [10, 10, 10], first=0, count=10, clock_ghz=1.0)
+    assert [r["smid"] for r in out["programs"]] == [4, 5, 9]
+    assert out["slowest_program"] == 2 and out["max_mean_us"] == pytest.approx(1.5)
+    assert out["median_of_means_us"] == pytest.approx(1.0)
+    assert out["tpc_shared_programs"] == 2 and out["tpc_shared_mean_us"] == pytest.approx(1.0)
+    assert out["tpc_alone_programs"] == 1 and out["tpc_alone_mean_us"] == pytest.approx(1.5)
+    # stamps without the SM column (the summaries' own tests use them): the periods, no split
+    out = tool.by_program(stamps, [10, 10, 10], first=0, count=10, clock_ghz=1.0)
+    assert out["slowest_program"] == 2 and "tpc_shared_programs" not in out
+    # one call's spread: the summary without the rows, and the SMs of the programs within 1% of the slowest
+    sm = torch.tensor([[4], [5], [9]])
+    spread = tool._spread(tool.by_program(torch.cat([stamps, sm], 1), [10, 10, 10], first=0, count=10, clock_ghz=1.0))
+    assert "programs" not in spread and spread["slowest_smids"] == [9] and spread["max_mean_us"] == pytest.approx(1.5)
+
+
+def test_bad_counts_are_refused_before_any_gpu_work():
+    tool = _tool()
+    with pytest.raises(SystemExit, match="--captures and --burst >= 1"):
+        tool.main(["--tasks", "H96_fixed_8192", "--captures", "0"])
