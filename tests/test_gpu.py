@@ -151,8 +151,10 @@ def test_gluon_stage1_matches_the_triton_stage1(D, lens, H, HV, flags):
             x_g, x_t = x_g[:, :, :32] + x_g[:, :, 32:], x_t[:, :, :32] + x_t[:, :, 32:]
         assert torch.isfinite(x_g).all(), name
         errors[name] = float((x_g - x_t).norm() / x_t.norm())
-    # every tensor's error in the message: a failure then tells how close the others are
+    # every tensor's error in the message (and printed: `pytest -rP` shows it for a pass), so a run tells how close
+    # each one is
     report = ", ".join(f"{name} {err:.2e} (< {tolerances[name]:.0e})" for name, err in errors.items())
+    print(report)
     assert all(errors[name] < tol for name, tol in tolerances.items()), report
 
 
