@@ -16,6 +16,7 @@ Stamps, for each chunk c of a window (first <= c < first + count) of every progr
                        3 `free` passed  4 both blocks' tiles stored (before [L; Aqk])  5 the masked tiles stored
                        (before the doubling)  6 tb stored, before `ready` is signalled
     chain:             7 before the wait for `ready`  8 `ready` passed  9 `free` signalled (the chunk done)
+and in the row's last column (count * 10) the id of the SM the program ran on.
 `summarize` gives the median of each phase (cycles and µs at the clock given; means and 90th percentiles in µs too),
 the producer's chunk latency (0 → 6), the chain's wait for `ready` (7 → 8), its work per chunk (8 → 9), the chain's
 period (8 → next chunk's 8) and how long a finished chunk waits for the chain (6 → 8). A kernel's time is the sum of
@@ -309,7 +310,7 @@ def _print(r: Dict) -> None:
                      f"{prog['tpc_shared_mean_us']:.3f}, alone: {prog['tpc_alone_programs']} at "
                      f"{prog['tpc_alone_mean_us']:.3f}")
         print(line)
-    for i, cap in enumerate(r.get("by_capture", [])):
+    for i, cap in enumerate(c for c in r.get("by_capture", []) if "max_mean_us" in c):
         print(f"   call {i}: programs' mean periods median {cap['median_of_means_us']:.3f} µs, slowest "
               f"{cap['max_mean_us']:.3f} (+{100 * (cap['max_mean_us'] / cap['median_of_means_us'] - 1):.1f}%) on SMs "
               f"{cap.get('slowest_smids')}")
