@@ -109,6 +109,10 @@ def test_the_phases_of_a_packed_task_on_the_gpu():
     cyc = out["median_cycles"]
     assert all(cyc[k] >= 0 for k in tool.PRODUCER_PHASES)
     assert 0 < cyc["chain_work"] < cyc["chain_period"] and cyc["producer_chunk"] > cyc["chain_period"]
+    # every program's SM is one of the device's (four waves of 128+ programs: every SM that ran one is named)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    smids = [r["smid"] for r in out["by_program"]["programs"]]
+    assert len(smids) == 8 * 64 and all(0 <= s < sms for s in smids) and len(set(smids)) > sms // 2
 
 
 def test_the_mean_and_the_tail_show_slow_chunks_that_the_median_hides():
