@@ -128,8 +128,11 @@ def test_gluon_stage1_matches_the_triton_stage1(D, lens, H, HV, flags):
     if not flags[2]:
         beta = beta.float().sigmoid().to(torch.bfloat16)
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
-    kw = dict(scale=D ** -0.5, A_log=torch.rand(HV).cuda() if flags[1] else None,
-              dt_bias=torch.rand(HV, D).cuda() if flags[1] else None, lower_bound=-5.0 if flags[1] else None,
+    # A_log and dt_bias from the case's generator too (they came from the global one: inputs that changed with the
+    # tests run before, and with them the errors below)
+    A_log, dt_bias = torch.rand(HV, generator=gen).cuda(), torch.rand(HV, D, generator=gen).cuda()
+    kw = dict(scale=D ** -0.5, A_log=A_log if flags[1] else None,
+              dt_bias=dt_bias if flags[1] else None, lower_bound=-5.0 if flags[1] else None,
               cu_seqlens=cu, use_qk_l2norm=flags[0], use_gate=flags[1], use_beta_sigmoid=flags[2])
     assert kernels.gluon_stage1_applies(q, k, g)
     results = []
@@ -213,8 +216,8 @@ def test_gluon_stage2_matches_the_triton_stage2(D, lens, H, HV, with_h0, state_v
     beta = torch.randn(1, T, HV, generator=gen).to(torch.bfloat16).cuda()
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
     h0 = (0.1 * torch.randn(len(lens), HV, D, D, generator=gen)).cuda() if with_h0 else None
-    st = kernels.prepare_chunks(q, k, v, g, beta, scale=D ** -0.5, A_log=torch.rand(HV).cuda(),
-                                dt_bias=torch.rand(HV, D).cuda(), lower_bound=-5.0, cu_seqlens=cu,
+    st = kernels.prepare_chunks(q, k, v, g, beta, scale=D ** -0.5, A_log=torch.rand(HV, generator=gen).cuda(),
+                                dt_bias=torch.rand(HV, D, generator=gen).cuda(), lower_bound=-5.0, cu_seqlens=cu,
                                 use_qk_l2norm=True, use_gate=True, use_beta_sigmoid=True)
     assert kernels.gluon_stage2_applies(st, v)
     results = []
