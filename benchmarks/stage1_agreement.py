@@ -98,6 +98,17 @@ def stage1_model(x: Dict, chunk_size: int = 32, gate_fp16: bool = False) -> torc
     return torch.stack(chunks, 1)
 
 
+def run_stage1(x: Dict, gluon: bool):
+    """kernels.prepare_chunks on case_inputs' x, through the Gluon stage 1 or the Triton one."""
+    from fastkda import kernels
+    saved, kernels.STAGE1_GLUON = kernels.STAGE1_GLUON, gluon
+    try:
+        return kernels.prepare_chunks(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                      **{k: v for k, v in x.items() if k not in ("q", "k", "v", "g", "beta")})
+    finally:
+        kernels.STAGE1_GLUON = saved
+
+
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double().cpu() - ref.double().cpu()).norm() / ref.double().cpu().norm())
 
@@ -116,13 +127,7 @@ def agreement(cases=CASES, seed: Optional[int] = None, device: Optional[str] = N
         for name, use_gluon in (("triton", False), ("gluon", True)):
             if use_gluon and not (hopper and kernels.gluon_stage1_applies(x["q"], x["k"], x["g"])):
                 continue
-            saved, kernels.STAGE1_GLUON = kernels.STAGE1_GLUON, use_gluon
-            try:
-                st = kernels.prepare_chunks(x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                            **{k: v for k, v in x.items() if k not in ("q", "k", "v", "g", "beta")})
-            finally:
-                kernels.STAGE1_GLUON = saved
-            a1[name] = st.a1[:, :exact.shape[1]].float()      # (slots past the last chunk: never written)
+            a1[name] = run_stage1(x, use_gluon).a1[:, :exact.shape[1]].float()      # (slots past the last chunk: never written)
         row = dict(case=dict(D=D, lens=list(lens), H=H, HV=HV, flags=list(flags)),
                    triton_vs_model=_rel(a1["triton"], exact),
                    one_piece_in_bf16=_rel(rounded.to(torch.bfloat16), exact.to(torch.bfloat16).double()))

@@ -16,15 +16,9 @@ def _tool():
 
 def test_the_model_is_the_triton_stage1_in_its_layout():
     # packed sequences with an empty one and a partial last chunk; GVA (HV = 2 H); fp32 inputs: fp32 stage tensors
-    from fastkda import kernels
     tool = _tool()
     x = tool.case_inputs(64, (40, 0, 7), 1, 2, (True, True, True), seed=3, dtype=torch.float32)
-    saved, kernels.STAGE1_GLUON = kernels.STAGE1_GLUON, False
-    try:
-        st = kernels.prepare_chunks(x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                    **{k: v for k, v in x.items() if k not in ("q", "k", "v", "g", "beta")})
-    finally:
-        kernels.STAGE1_GLUON = saved
+    st = tool.run_stage1(x, gluon=False)
     model = tool.stage1_model(x)
     assert model.shape == (2, 3, 64, 64) and int(st.chunk_offsets[-1]) == 3     # (more slots: a bound)
     a1 = st.a1[:, :3].double()
