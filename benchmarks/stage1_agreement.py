@@ -3,19 +3,24 @@ the other kernel's.
 
     python benchmarks/stage1_agreement.py [--json PATH]
 
-tests/test_gpu.py compares the Gluon stage 1 with the Triton one (a1 within 2e-3 relative L2). Session 37's
-variant, the gate's 2^11·a (base 2) rounded once to fp16 instead of split into two fp16 pieces, measured 2.7–3.4e-3
-there on the gated cases, while a float64 model of that one rounding moves a1 by ~2e-4 (docs/perf-notes.md, session
-37). This prints, on the test's own inputs (random gates through the KDA gate with lower_bound −5: steep decays),
-the relative L2 of
+tests/test_gpu.py checks the Gluon and the Triton stage 1's a1. Session 37's variant, the gate's 2^11·a (base 2)
+rounded once to fp16 instead of split into two fp16 pieces, moved the Gluon kernel's a1 from the Triton kernel's by
+2.7–3.4e-3 relative L2 on the gated cases, while the bf16 rounding of a1 alone moves by a fifth of that. Both
+kernels also round their tensor-core operands k̂⊙e^{±(G−r)} to bf16 (the factors of L and W): a tiny change of G
+changes which of those roundings go up and which down, and L's solve carries them into −W (session 38). This prints,
+on the test's own inputs (random gates through the KDA gate with lower_bound −5: steep decays), the relative L2 of
 
-    gluon − triton            the test's check
-    triton − model(a)         the Triton kernel against the exact math
-    gluon − model(a)          the Gluon kernel against the exact math
-    gluon − model(ã)          ... against the math with ã = the gate rounded once to fp16
-    bf16(model(ã)) − bf16(model(a))    what that rounding alone does to the stored bf16 values
+    triton − model(a)           the Triton kernel against the exact math
+    triton − model_bf16(a)      ... against the math with the kernels' bf16 rounding points (operands and outputs)
+    gluon − triton              (on Hopper) the kernels against each other
+    gluon − model(a), gluon − model_bf16(a), gluon − model_bf16(ã)
+                                the Gluon kernel against the exact math, and against the rounded math with the gate
+                                exact and with ã = the gate rounded once to fp16
+    model_bf16(ã) − model_bf16(a)    what that one rounding does through the bf16 rounding points
 
-so that the test's check can be derived for whichever arithmetic the kernel has. A diagnosis, not a record.
+so that a1's check can follow whichever arithmetic a kernel has. A diagnosis, not a record. (On the CPU the Triton
+interpreter truncates fp32 → bf16 conversions instead of rounding them: there the kernel sits ~2x farther from
+model_bf16 than on a GPU.)
 """
 
 from __future__ import annotations
@@ -65,11 +70,20 @@ def case_inputs(D: int, lens: Sequence[int], H: int, HV: int, flags, seed: int, 
     return out
 
 
-def stage1_model(x: Dict, chunk_size: int = 32, gate_fp16: bool = False) -> torch.Tensor:
-    """a1 in float64, [HV, chunks, 2·chunk_size, K] as kernels.prepare_chunks lays it out (the chunks of the packed
-    sequences in order, −W rows then Qg rows, padding rows zero), from prepare_chunks' keyword arguments x. With
-    gate_fp16, the gate's per-step log-decay a is first rounded as 2^11·a/ln 2 to fp16 (the one-piece variant)."""
+TENSORS = ("a1", "aqk", "kt", "tb", "gl")
+
+
+def stage1_model(x: Dict, chunk_size: int = 32, gate_fp16: bool = False, rounded: bool = False) -> Dict:
+    """Stage 1's tensors in float64 from prepare_chunks' keyword arguments x, in kernels.prepare_chunks' layouts
+    over the chunks of the packed sequences in order (padding rows zero): a1 [HV, chunks, 2·BT, K] (−W rows, then
+    Qg rows), aqk [HV, chunks, BT, BT], kt [HV, chunks, BT, K], tb [HV, chunks, BT, BT] (= (T·diag(β))ᵀ, which the
+    kernels store as bf16 high and low halves) and gl [chunks, HV, K].
+
+    With gate_fp16, the gate's per-step log-decay a is first rounded as 2^11·a/ln 2 to fp16 (the one-piece
+    variant). With rounded, the kernels' bf16 rounding points, to nearest: the tensor-core operands k̂⊙e^{G−r},
+    k̂⊙e^{r−G} and q̂⊙e^{G−r} (r = G_last / 2) and the stored a1, aqk and kt; T, its halves and gl stay exact."""
     from fastkda.reference import _activate
+    bf16 = (lambda t: t.to(torch.bfloat16).to(torch.float64)) if rounded else (lambda t: t)
     BT = chunk_size
     q, k, _, a, b = _activate(x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], x["lower_bound"],
                               x["use_qk_l2norm"], x["use_gate"], x["use_beta_sigmoid"], torch.float64)
@@ -79,23 +93,39 @@ def stage1_model(x: Dict, chunk_size: int = 32, gate_fp16: bool = False) -> torc
         a = (a / unit).to(torch.float16).to(torch.float64) * unit
     bounds = x["cu_seqlens"].tolist()
     HV, K = a.shape[1], a.shape[2]
-    chunks = []
+    shapes = dict(a1=(HV, 2 * BT, K), aqk=(HV, BT, BT), kt=(HV, BT, K), tb=(HV, BT, BT), gl=(HV, K))
+    chunks = {name: [] for name in TENSORS}
     for bos, eos in zip(bounds[:-1], bounds[1:]):
         for t0 in range(bos, eos, BT):
             n = min(BT, eos - t0)
-            tile = torch.zeros(HV, 2 * BT, K, dtype=torch.float64)
+            tile = {name: torch.zeros(shape, dtype=torch.float64) for name, shape in shapes.items()}
             for h in range(HV):
                 G = a[t0:t0 + n, h].cumsum(0)
+                r = G[-1] / 2
                 kk, qq, bb = k[t0:t0 + n, h], q[t0:t0 + n, h], b[t0:t0 + n, h]
-                k_pos, k_neg = kk * G.exp(), kk * (-G).exp()
+                k_pos, k_neg, q_pos = bf16(kk * (G - r).exp()), bf16(kk * (r - G).exp()), bf16(qq * (G - r).exp())
                 L = torch.tril(bb[:, None] * (k_pos @ k_neg.T), -1)
-                W = torch.linalg.solve(torch.eye(n, dtype=torch.float64) + L, bb[:, None] * k_pos)
-                tile[h, :n] = -W
-                tile[h, BT:BT + n] = x["scale"] * qq * G.exp()
-            chunks.append(tile)
-    if not chunks:
-        return torch.zeros(HV, 0, 2 * BT, K, dtype=torch.float64)
-    return torch.stack(chunks, 1)
+                tb = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + L) * bb[None, :]
+                tile["a1"][h, :n] = bf16(-(tb @ k_pos) * r.exp())
+                tile["a1"][h, BT:BT + n] = bf16(x["scale"] * qq * G.exp())
+                tile["aqk"][h, :n, :n] = bf16(torch.tril(x["scale"] * (q_pos @ k_neg.T)))
+                tile["kt"][h, :n] = bf16(kk * (G[-1] - G).exp())
+                tile["tb"][h, :n, :n] = tb.T
+                tile["gl"][h] = G[-1].exp()
+            for name in TENSORS:
+                chunks[name].append(tile[name])
+    return {name: torch.stack(c, 0 if name == "gl" else 1) if c else
+            torch.zeros((0, *shapes[name]) if name == "gl" else (HV, 0, *shapes[name][1:]), dtype=torch.float64)
+            for name, c in chunks.items()}
+
+
+def kernel_tensors(st, n_chunks: int) -> Dict:
+    """A Stage1's tensors over its first n_chunks slots (the rest are never written) in stage1_model's form, in
+    float64: tb as its high plus low half."""
+    out = {name: getattr(st, name)[:, :n_chunks].double().cpu() for name in ("a1", "aqk", "kt")}
+    tb = st.tb[:, :n_chunks].double().cpu()
+    out.update(tb=tb[:, :, :tb.shape[2] // 2] + tb[:, :, tb.shape[2] // 2:], gl=st.gl[:n_chunks].double().cpu())
+    return out
 
 
 def run_stage1(x: Dict, gluon: bool):
@@ -109,33 +139,41 @@ def run_stage1(x: Dict, gluon: bool):
         kernels.STAGE1_GLUON = saved
 
 
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+def relative_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖x − ref‖ / ‖ref‖ in float64."""
     return float((x.double().cpu() - ref.double().cpu()).norm() / ref.double().cpu().norm())
 
 
 def agreement(cases=CASES, seed: Optional[int] = None, device: Optional[str] = None, log=print) -> List[Dict]:
-    """Per case the relative L2 distances of the module's docstring (the Gluon kernel's only on Hopper), on the
-    test's inputs (seed None) or on those of seeds seed, seed + 1, ..."""
+    """Per case and stage-1 tensor the relative L2 distances of the module's docstring (the Gluon kernel's only
+    on Hopper), on the test's inputs (seed None) or on those of seeds seed, seed + 1, ..."""
     from fastkda import kernels
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     hopper = device == "cuda" and torch.cuda.get_device_capability()[0] == 9
     rows = []
     for i, (D, lens, H, HV, flags) in enumerate(cases):
         x = case_inputs(D, lens, H, HV, flags, D + len(lens) if seed is None else seed + i, device=device)
-        exact, rounded = stage1_model(x), stage1_model(x, gate_fp16=True)
-        a1 = {}
+        exact, rounded = stage1_model(x), stage1_model(x, rounded=True)
+        rounded_1p = stage1_model(x, gate_fp16=True, rounded=True)
+        used = exact["a1"].shape[1]
+        got = {}
         for name, use_gluon in (("triton", False), ("gluon", True)):
             if use_gluon and not (hopper and kernels.gluon_stage1_applies(x["q"], x["k"], x["g"])):
                 continue
-            a1[name] = run_stage1(x, use_gluon).a1[:, :exact.shape[1]].float()      # (slots past the last chunk: never written)
-        row = dict(case=dict(D=D, lens=list(lens), H=H, HV=HV, flags=list(flags)),
-                   triton_vs_model=_rel(a1["triton"], exact),
-                   one_piece_in_bf16=_rel(rounded.to(torch.bfloat16), exact.to(torch.bfloat16).double()))
-        if "gluon" in a1:
-            row.update(gluon_vs_triton=_rel(a1["gluon"], a1["triton"].double()),
-                       gluon_vs_model=_rel(a1["gluon"], exact), gluon_vs_one_piece_model=_rel(a1["gluon"], rounded))
-        log(f"D={D} lens={list(lens)} flags={list(flags)}: " + ", ".join(
-            f"{k} {v:.2e}" for k, v in row.items() if k != "case"))
+            got[name] = kernel_tensors(run_stage1(x, use_gluon), used)
+        row = dict(case=dict(D=D, lens=list(lens), H=H, HV=HV, flags=list(flags)))
+        for t in TENSORS:
+            d = dict(triton_vs_model=relative_l2(got["triton"][t], exact[t]),
+                     triton_vs_model_bf16=relative_l2(got["triton"][t], rounded[t]),
+                     one_piece_shift_bf16=relative_l2(rounded_1p[t], rounded[t]))
+            if "gluon" in got:
+                d.update(gluon_vs_triton=relative_l2(got["gluon"][t], got["triton"][t]),
+                         gluon_vs_model=relative_l2(got["gluon"][t], exact[t]),
+                         gluon_vs_model_bf16=relative_l2(got["gluon"][t], rounded[t]),
+                         gluon_vs_one_piece_model_bf16=relative_l2(got["gluon"][t], rounded_1p[t]))
+            row[t] = d
+            log(f"D={D} lens={list(lens)} flags={[int(f) for f in flags]} {t}: " +
+                ", ".join(f"{k} {v:.2e}" for k, v in d.items()))
         rows.append(row)
     return rows
 
