@@ -20,20 +20,21 @@ tiles reuse two input tiles), five programs per SM (docs/perf-notes.md, session 
 converted from an accumulator with N = BT columns is already a left operand with BT columns (no data
 movement), which is what the layout buys: aᵀ's pieces and T feed the next product straight from registers.
 
-The number formats follow what the values can be. With the gate (|a| ≤ 7.3 per step), G − r comes from two
-fp16 pieces of 2^11·a (within 2^-22 of it); otherwise from three exact bf16 pieces. With normalised keys,
+The number formats follow what the values can be. With the gate (|a| ≤ 7.3 per step), G − r comes from
+2^11·a rounded once to fp16 (every decay factor within ~1/20 of the bf16 rounding it then meets: see
+_block_decays); otherwise from three exact bf16 pieces. With normalised keys,
 the gate and the β sigmoid (what fastkda.fwd runs), every step of the chunk's delta rule is a contraction,
 so |T[i, j]| ≤ 1 and |L[i, j]| ≤ 1, and the doubling runs in fp16 (11 significant bits, the Triton kernel's
 tf32 precision), one product per step; otherwise in bf16 high and low halves, three products per step
 (high·high + high·low + low·high, ~16 bits), whatever T's range. Per-channel vectors cost 4 registers per
-thread and per-token vectors 8. Three conversions are spelled out where the compiler spends instructions on
-them (bf16 → fp32, fp32 → fp16 high and low pieces, the accumulator's last column; exact, the same values:
-docs/perf-notes.md, session 26). The input rows arrive by cp.async and are read transposed with ldmatrix; the
-output tiles reach shared memory with the transposing matrix store and leave by TMA bulk stores (a1, kt, aqk:
-no register round trip; docs/perf-notes.md, session 9), tb read back transposed by ldmatrix and stored as
-16-byte rows. Outputs and their layouts are those of chunk_prepare.py, and so are the points where
-values are rounded to bf16; G − r comes from products instead of a scan (tests/test_gpu.py compares the two
-kernels: ~5e-4 relative; docs/perf-notes.md, sessions 6 and 8).
+thread and per-token vectors 8. Two conversions are spelled out where the compiler spends instructions on
+them (bf16 → fp32, the accumulator's last column; exact, the same values: docs/perf-notes.md, session 26).
+The input rows arrive by cp.async and are read transposed with ldmatrix; the output tiles reach shared memory
+with the transposing matrix store and leave by TMA bulk stores (a1, kt, aqk: no register round trip;
+docs/perf-notes.md, session 9), tb read back transposed by ldmatrix and stored as 16-byte rows. Outputs and
+their layouts are those of chunk_prepare.py, and so are the points where values are rounded to bf16; G − r
+comes from products instead of a scan (tests/test_gpu.py compares the two kernels: ~5e-4 relative, gl within
+its rounding bound; docs/perf-notes.md, sessions 6, 8 and 37).
 """
 
 from triton.experimental import gluon
@@ -84,25 +85,6 @@ def _to_f32(x):
     gl.static_assert(x.dtype == gl.bfloat16, "bf16 inputs only (gluon_stage1_applies)")
     return gl.inline_asm_elementwise("shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, 0xFFFF0000;", "=r,=r,r", [x],
                                      dtype=gl.float32, is_pure=True, pack=2)
-
-
-@gluon.jit
-def _split_f16(x):
-    """x ≈ hi + lo in fp16, hi = x rounded, lo = the exact rest rounded: the conversions the compiler makes for
-    x.to(fp16) and (x − hi).to(fp16), with each pair packed in the order the operand wants (the compiler's
-    own packing swaps half of them back with a byte permute)."""
-    return gl.inline_asm_elementwise(
-        """{
-        .reg .b16 h0, h1;
-        .reg .f32 f0, f1;
-        cvt.rn.f16x2.f32 $0, $3, $2;
-        mov.b32 {h0, h1}, $0;
-        cvt.f32.f16 f0, h0;
-        cvt.f32.f16 f1, h1;
-        sub.f32 f0, $2, f0;
-        sub.f32 f1, $3, f1;
-        cvt.rn.f16x2.f32 $1, f1, f0;
-        }""", "=r,=r,r,r", [x], dtype=(gl.float16, gl.float16), is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -158,14 +140,17 @@ def _block_decays(h, in_g, ap_s, c_g, d_g, lower_bound, KB: gl.constexpr, BT: gl
     else:
         b_a = b_g * LOG2E
 
-    # (G − r)ᵀ on the tensor cores, each product exact, fp32 sums. The gate's 2^11·a (|a| ≤ 7.3) is two
-    # fp16 pieces, hi + lo, within 2^-22 of it (relative), against A'ᵀ·2^-11 (fp16, exact); pieces too small
-    # for fp16's normal range carry under 2^-25 of a. Otherwise a = hi + mid + lo exactly in bf16 (two
-    # truncating splits leave at most 8 significant bits for lo), whatever its size.
+    # (G − r)ᵀ on the tensor cores, each product exact, fp32 sums. The gate's 2^11·a (|a| ≤ 7.3) is rounded
+    # once to fp16 (u = 2^-11), against A'ᵀ·2^-11 (fp16, exact). A' puts the same rounded a into every row, so
+    # r cancels in every factor e^{±(G_i − G_j)} the outputs use: a decay over a span x ≥ 0 carries an
+    # exponent error ≤ u·x, an absolute error ≤ u·x·e^{−x} ≤ u/e of 1, under 1/20 of the bf16 rounding of the
+    # operand it scales (docs/perf-notes.md, session 35); e^{G_last} (gl) itself is within u·|ln gl| of it,
+    # relative. The second fp16 piece, which kept G within 2^-22, cost 6% of a fused producer's instructions
+    # (session 37). Otherwise a = hi + mid + lo exactly in bf16 (two truncating splits leave at most 8
+    # significant bits for lo), whatever its size.
     if USE_GATE:
-        a_hi, a_lo = _split_f16(b_a)
-        b_d = warpgroup_mma(gl.convert_layout(a_hi, a_op), ap_s, gl.zeros([KB, BT], gl.float32, layout=acc),
-                            is_async=True)
+        b_d = warpgroup_mma(gl.convert_layout(b_a.to(gl.float16), a_op), ap_s,
+                            gl.zeros([KB, BT], gl.float32, layout=acc), is_async=True)
     else:
         a_hi = _trunc_bf16(b_a)
         a_mid = _trunc_bf16(b_a - a_hi)
@@ -173,7 +158,7 @@ def _block_decays(h, in_g, ap_s, c_g, d_g, lower_bound, KB: gl.constexpr, BT: gl
         b_d = warpgroup_mma(gl.convert_layout(a_hi.to(gl.bfloat16), a_op), ap_s,
                             gl.zeros([KB, BT], gl.float32, layout=acc), is_async=True)
         b_d = warpgroup_mma(gl.convert_layout(a_mid.to(gl.bfloat16), a_op), ap_s, b_d, is_async=True)
-    b_d = warpgroup_mma(gl.convert_layout(a_lo, a_op), ap_s, b_d, is_async=True)
+        b_d = warpgroup_mma(gl.convert_layout(a_lo, a_op), ap_s, b_d, is_async=True)
     b_d = warpgroup_mma_wait(0, deps=[b_d])
     # r = G_last / 2 is (G − r) at the last token; every decay factor below is e^{±(G − r)} times one of these.
     r_ref = _last_column(b_d, KB, BT)
@@ -265,7 +250,9 @@ def _inv_norms(kq, first: gl.constexpr, nrm, slot: gl.constexpr, NKB: gl.constex
         gram = mma_v2(x, gl.convert_layout(gl.permute(x, (0, 2, 1)), b3), gram)
     r = gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(0, m3)))
     c = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(0, m3)))
-    sq = gl.sum(gl.where(gl.expand_dims(r[:, None] == c[None, :], 0), gram, 0.0), 1)
+    # the diagonal as sums along rows of the symmetric Gram block: a row's columns sit in 4 lanes (two shuffle
+    # rounds), a column's rows in 8 (three); one term of each sum is not zero, so either sum is exact
+    sq = gl.sum(gl.where(gl.expand_dims(r[:, None] == c[None, :], 0), gram, 0.0), 2)
     nrm16 = _view(nrm, gl.float32, [4 * nrm.shape[0], 16], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     nrm16.slice(4 * slot, 4).store(gl.rsqrt(sq + 1e-6))
     _cta_barrier()
