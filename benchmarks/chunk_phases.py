@@ -219,8 +219,8 @@ def _spread(prog: Dict) -> Dict:
 
 
 def summarize(stamps: torch.Tensor, n_chunks: Sequence[int], first: int, count: int, clock_ghz: float) -> Dict:
-    """Median phases (cycles, and µs at clock_ghz) over every program's chunks in the window from their stamps
-    ([programs, count * 10] int64, SM cycles)."""
+    """Median phases (timer ticks, and µs at clock_ghz ticks per ns), with means and 90th percentiles in µs, over
+    every program's chunks in the window from their stamps ([programs, row_length(count)] int64)."""
     spans: Dict[str, List[float]] = {k: [] for k in SPANS}
     for _, _, chunk in _chunks(stamps, n_chunks, first, count):
         for k, v in chunk.items():

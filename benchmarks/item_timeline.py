@@ -180,8 +180,9 @@ def run_stamped(x, stamped, stamps: torch.Tensor, rounds: int = 3, repeats: int 
     through the library's route with the fused kernel forced: whether they agree to the bit, their times (ms, mean
     of the rounds' CUDA-graph medians), and `stamps` holding one last call's stamps. With captures > 1, the stamps
     of that many separate calls as well (`captured`, CPU tensors; the last of them is the one left in `stamps`):
-    which SMs a program lands on changes from call to call. Each captured call is the last of `burst` calls back to back: an isolated
-    call (burst 1) starts on an idle GPU and runs at another clock than calls under sustained load."""
+    which SMs a program lands on changes from call to call. Each captured call is the last of `burst` calls back
+    to back: an isolated call (burst 1) starts on an idle GPU and runs at another clock than calls under
+    sustained load."""
     from fastkda import kernels
     from fastkda.bench.impls import fastkda_impl
     from fastkda.bench.timing import time_cuda_graph

@@ -36,10 +36,10 @@ import torch
 
 # (D, sequence lengths, H, HV, (l2-normalised keys, the gate, the β sigmoid)): tests/test_gpu.py's cases
 CASES = (
-    (128, (5, 70, 0, 33, 1, 96), 2, 2, (True, True, True)),
-    (64, (40, 0, 77), 2, 4, (True, True, True)),
-    (128, (64, 31), 1, 1, (True, False, False)),
-    (128, (50, 13), 1, 2, (False, True, True)),
+    (128, (5, 70, 0, 33, 1, 96), 2, 2, (True, True, True)),  # packed, an empty sequence, partial chunks
+    (64, (40, 0, 77), 2, 4, (True, True, True)),             # K = 64, GVA
+    (128, (64, 31), 1, 1, (True, False, False)),             # g as the log-decay itself, β as given
+    (128, (50, 13), 1, 2, (False, True, True)),              # keys as given: T in bf16 halves, not fp16
 )
 
 

@@ -6,7 +6,7 @@ import torch
 import fastkda
 from fastkda.validation import quick_check, run_suite
 
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, benchmark_script
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 
@@ -104,12 +104,7 @@ def test_unaligned_inputs_run_on_the_triton_kernels():
 GLUON_GATE_FP16 = True
 
 
-@pytest.mark.parametrize("case", [
-    (128, (5, 70, 0, 33, 1, 96), 2, 2, (True, True, True)),
-    (64, (40, 0, 77), 2, 4, (True, True, True)),          # K = 64, GVA
-    (128, (64, 31), 1, 1, (True, False, False)),          # g as the log-decay itself, β as given
-    (128, (50, 13), 1, 2, (False, True, True)),           # keys as given: T in bf16 halves, not fp16
-])
+@pytest.mark.parametrize("case", benchmark_script("stage1_agreement").CASES)
 def test_each_stage1_kernel_matches_a_float64_model_of_its_rounding(case):
     # The Hopper stage 1 (Gluon) and the portable one (Triton), each against benchmarks/stage1_agreement.py's
     # float64 model with the kernels' bf16 rounding points (the tensor-core operands k̂⊙e^{±(G−r)}, q̂⊙e^{G−r}
@@ -122,7 +117,6 @@ def test_each_stage1_kernel_matches_a_float64_model_of_its_rounding(case):
     # roundings go up and down and moves the kernels 2.7–3.8e-3 apart on a1 and aqk, the size of the bf16
     # rounding itself, with neither kernel farther from the exact math (docs/perf-notes.md, session 38).
     # A wrong mask, factor, row or layout is O(1).
-    from conftest import benchmark_script
     from fastkda import kernels
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon stage 1 runs on Hopper")
