@@ -22,9 +22,9 @@ bf16 at these points, per 32-token chunk (r = G_last / 2, S the state, U the chu
 (T·diag(β) is carried as bf16 high and low halves, ~16 bits: not modelled; fp32 sums are not either.) Errors from
 independent roundings add in quadrature, so each point's error alone ("only") says what removing it would buy
 ("all" without it); `--without` also reports every point but a set of them (a candidate arithmetic that carries those
-values exactly, or in bf16 high and low halves). The model with every point reproduces the kernels' measured error to ~1% (run seed
-1336656577, model tier, synthetic_model_fixed: model 5.19e-3; the fused kernel on an H200 5.16e-3, the Triton path
-on the CPU 5.19e-3; docs/perf-notes.md, session 39). A diagnosis, not a record.
+values exactly, or in bf16 high and low halves). The model with every point reproduces the kernels' measured error
+to ~1% (run seed 1336656577, model tier, synthetic_model_fixed: model 5.19e-3; the fused kernel on an H200 5.16e-3,
+the Triton path on the CPU 5.19e-3; docs/perf-notes.md, session 39). A diagnosis, not a record.
 """
 
 from __future__ import annotations

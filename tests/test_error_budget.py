@@ -9,7 +9,7 @@ import torch
 
 from conftest import benchmark_script
 from fastkda import reference
-from fastkda.validation import cases, suite
+from fastkda.validation import cases, metrics
 
 
 def _tool():
@@ -70,7 +70,6 @@ def test_a_set_of_points_left_out_is_the_model_without_them():
                                      lower_bound=x.lower_bound, initial_state=x.initial_state, state_v_first=True,
                                      dtype=torch.float64)[0]
     out, _ = tool.model_forward(x, set(tool.POINTS) - {"UO", "aqk"})
-    from fastkda.validation import metrics
     floor = metrics.magnitude_floor(x.input_scale() * x.scale, truth.numel())
     assert res["all-aqk-UO"] == metrics.relative_l2(out, truth, floor)
 
