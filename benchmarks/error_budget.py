@@ -45,6 +45,33 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(torch.float64)
 
 
+STAGE1_POINTS = ("opk", "opq", "negw", "qg", "aqk", "kt")
+"""The points inside one chunk's stage-1 tensors (chunk_tensors)."""
+
+
+def round_gate_fp16(a: torch.Tensor) -> torch.Tensor:
+    """The per-step log-decay a as the kernels take it: 2^11·a/ln 2 rounded once to fp16."""
+    unit = math.log(2) / 2048.0
+    return (a / unit).to(torch.float16).to(torch.float64) * unit
+
+
+def chunk_tensors(k: torch.Tensor, q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float,
+                  rounded: Iterable[str] = ()) -> Dict[str, torch.Tensor]:
+    """One chunk's stage-1 tensors in float64, heads first (k̂, q̂, a: [HV, n, K]; β: [HV, n]), the points of
+    STAGE1_POINTS in ``rounded`` rounded to bf16: tb = T·diag(β) [HV, n, n] (exact: the kernels carry it in two
+    halves), −W, Qg, Kt [HV, n, K], Aqk [HV, n, n] and gl = e^{G_last} [HV, K]."""
+    R = {p: (_bf16 if p in rounded else (lambda t: t)) for p in STAGE1_POINTS}
+    G = a.cumsum(1)
+    r = G[:, -1:] / 2
+    k_pos, k_neg = R["opk"](k * (G - r).exp()), R["opk"](k * (r - G).exp())
+    q_pos = R["opq"](q * (G - r).exp())
+    L = torch.tril(b[:, :, None] * (k_pos @ k_neg.transpose(1, 2)), -1)
+    tb = torch.linalg.inv(torch.eye(k.shape[1], dtype=torch.float64) + L) * b[:, None, :]
+    return dict(tb=tb, negw=R["negw"](-(tb @ k_pos) * r.exp()), qg=R["qg"](scale * q * G.exp()),
+                aqk=R["aqk"](torch.tril(scale * (q_pos @ k_neg.transpose(1, 2)))),
+                kt=R["kt"](k * (G[:, -1:] - G).exp()), gl=G[:, -1].exp())
+
+
 def model_forward(x, rounded: Iterable[str] = (), chunk_size: int = 32) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out [B, T, HV, V], final state [N, HV, V, K]) in float64 for the validation inputs ``x`` (a KDAInputs: the
     gate, the key/query l2 norm and the β sigmoid applied, v-first states), the points in ``rounded`` rounded as
@@ -58,8 +85,7 @@ def model_forward(x, rounded: Iterable[str] = (), chunk_size: int = 32) -> Tuple
     q, k, v, a, b = _activate(x.q, x.k, x.v, x.g, x.beta, x.A_log, x.dt_bias, x.lower_bound, True, True, True,
                               torch.float64)
     if "gate" in rounded:
-        unit = math.log(2) / 2048.0                   # 2^11·a/ln 2 in fp16
-        a = (a / unit).to(torch.float16).to(torch.float64) * unit
+        a = round_gate_fp16(a)
     B, T, HV, V = v.shape
     K = k.shape[-1]
     out = torch.zeros_like(v)
@@ -71,20 +97,11 @@ def model_forward(x, rounded: Iterable[str] = (), chunk_size: int = 32) -> Tuple
         for t0 in range(bos, eos, chunk_size):
             t1 = min(eos, t0 + chunk_size)
             kk, qq, vv, aa, bb = (t[bi, t0:t1].transpose(0, 1) for t in (k, q, v, a, b))   # heads first
-            G = aa.cumsum(1)
-            r = G[:, -1:] / 2
-            k_pos, k_neg = R["opk"](kk * (G - r).exp()), R["opk"](kk * (r - G).exp())
-            q_pos = R["opq"](qq * (G - r).exp())
-            L = torch.tril(bb[:, :, None] * (k_pos @ k_neg.transpose(1, 2)), -1)
-            tb = torch.linalg.inv(torch.eye(t1 - t0, dtype=torch.float64) + L) * bb[:, None, :]
-            negw = R["negw"](-(tb @ k_pos) * r.exp())
-            qg = R["qg"](x.scale * qq * G.exp())
-            aqk = R["aqk"](torch.tril(x.scale * (q_pos @ k_neg.transpose(1, 2))))
-            kt = R["kt"](kk * (G[:, -1:] - G).exp())
+            c = chunk_tensors(kk, qq, aa, bb, x.scale, rounded)
             s_op = R["S"](S)
-            U = tb @ vv + negw @ s_op
-            out[bi, t0:t1] = R["out"](qg @ s_op + aqk @ R["UO"](U)).transpose(0, 1)
-            S = G[:, -1].exp()[:, :, None] * S + kt.transpose(1, 2) @ R["US"](U)
+            U = c["tb"] @ vv + c["negw"] @ s_op
+            out[bi, t0:t1] = R["out"](c["qg"] @ s_op + c["aqk"] @ R["UO"](U)).transpose(0, 1)
+            S = c["gl"][:, :, None] * S + c["kt"].transpose(1, 2) @ R["US"](U)
         states.append(S.transpose(-1, -2))
     return out, torch.stack(states) if states else torch.zeros(0, HV, V, K, dtype=torch.float64)
 

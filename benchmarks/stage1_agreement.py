@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -83,14 +82,13 @@ def stage1_model(x: Dict, chunk_size: int = 32, gate_fp16: bool = False, rounded
     variant). With rounded, the kernels' bf16 rounding points, to nearest: the tensor-core operands k̂⊙e^{G−r},
     k̂⊙e^{r−G} and q̂⊙e^{G−r} (r = G_last / 2) and the stored a1, aqk and kt; T, its halves and gl stay exact."""
     from fastkda.reference import _activate
-    bf16 = (lambda t: t.to(torch.bfloat16).to(torch.float64)) if rounded else (lambda t: t)
+    from error_budget import STAGE1_POINTS, chunk_tensors, round_gate_fp16    # benchmarks/: the script's folder
     BT = chunk_size
     q, k, _, a, b = _activate(x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], x["lower_bound"],
                               x["use_qk_l2norm"], x["use_gate"], x["use_beta_sigmoid"], torch.float64)
     q, k, a, b = (t[0].cpu() for t in (q, k, a, b))           # [T, HV, K], [T, HV]
     if gate_fp16 and x["use_gate"]:
-        unit = math.log(2) / 2048.0
-        a = (a / unit).to(torch.float16).to(torch.float64) * unit
+        a = round_gate_fp16(a)
     bounds = x["cu_seqlens"].tolist()
     HV, K = a.shape[1], a.shape[2]
     shapes = dict(a1=(HV, 2 * BT, K), aqk=(HV, BT, BT), kt=(HV, BT, K), tb=(HV, BT, BT), gl=(HV, K))
@@ -98,20 +96,15 @@ def stage1_model(x: Dict, chunk_size: int = 32, gate_fp16: bool = False, rounded
     for bos, eos in zip(bounds[:-1], bounds[1:]):
         for t0 in range(bos, eos, BT):
             n = min(BT, eos - t0)
+            c = chunk_tensors(*(t[t0:t0 + n].transpose(0, 1) for t in (k, q, a, b)), x["scale"],
+                              STAGE1_POINTS if rounded else ())
             tile = {name: torch.zeros(shape, dtype=torch.float64) for name, shape in shapes.items()}
-            for h in range(HV):
-                G = a[t0:t0 + n, h].cumsum(0)
-                r = G[-1] / 2
-                kk, qq, bb = k[t0:t0 + n, h], q[t0:t0 + n, h], b[t0:t0 + n, h]
-                k_pos, k_neg, q_pos = bf16(kk * (G - r).exp()), bf16(kk * (r - G).exp()), bf16(qq * (G - r).exp())
-                L = torch.tril(bb[:, None] * (k_pos @ k_neg.T), -1)
-                tb = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + L) * bb[None, :]
-                tile["a1"][h, :n] = bf16(-(tb @ k_pos) * r.exp())
-                tile["a1"][h, BT:BT + n] = bf16(x["scale"] * qq * G.exp())
-                tile["aqk"][h, :n, :n] = bf16(torch.tril(x["scale"] * (q_pos @ k_neg.T)))
-                tile["kt"][h, :n] = bf16(kk * (G[-1] - G).exp())
-                tile["tb"][h, :n, :n] = tb.T
-                tile["gl"][h] = G[-1].exp()
+            tile["a1"][:, :n] = c["negw"]
+            tile["a1"][:, BT:BT + n] = c["qg"]
+            tile["aqk"][:, :n, :n] = c["aqk"]
+            tile["kt"][:, :n] = c["kt"]
+            tile["tb"][:, :n, :n] = c["tb"].transpose(1, 2)
+            tile["gl"] = c["gl"]
             for name in TENSORS:
                 chunks[name].append(tile[name])
     return {name: torch.stack(c, 0 if name == "gl" else 1) if c else
