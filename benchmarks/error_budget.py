@@ -2,7 +2,7 @@
 off, judged against the validation suite's float64 truth.
 
     python benchmarks/error_budget.py [--tier model] [--case NAME] [--seed RUN_SEED] [--size full|small]
-                                      [--without P,Q,...] [--json PATH]
+                                      [--without P,Q,...] [--intra bf16|tf32] [--json PATH]
 
 fastkda's kernels (all routes: the two stages and the fused kernel, bitwise equal) compute in fp32 and round to
 bf16 at these points, per 32-token chunk (r = G_last / 2, S the state, U the chunk's new values):
@@ -17,6 +17,9 @@ bf16 at these points, per 32-token chunk (r = G_last / 2, S the state, U the chu
     S      the state as the left operand of −W·S and Qg·S (it is carried in fp32)
     US     U as the operand of the state update Ktᵀ·U
     UO     U as the operand of the output's intra-chunk product Aqk·U
+
+`--intra tf32` models a candidate instead (docs/perf-notes.md, session 40): that product in tf32, Aqk kept in fp32 and
+both operands truncated to tf32 as the tensor core reads them (the points aqk and UO, then).
     out    the output itself
 
 (T·diag(β) is carried as bf16 high and low halves, ~16 bits: not modelled; fp32 sums are not either.) Errors from
@@ -43,6 +46,16 @@ POINTS = ("gate", "opk", "opq", "negw", "qg", "aqk", "kt", "S", "US", "UO", "out
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(torch.float64)
+
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """t rounded to fp32, then truncated to tf32 (10 fraction bits), as the tensor core reads an fp32 operand."""
+    return (t.to(torch.float32).view(torch.int32) & ~0x1FFF).view(torch.float32).to(torch.float64)
+
+
+INTRA = {"bf16": _bf16, "tf32": _tf32}
+"""How the output's intra-chunk product takes its operands Aqk and U (the points aqk and UO): bf16 in the kernels,
+tf32 in the session-40 candidate."""
 
 
 STAGE1_POINTS = ("opk", "opq", "negw", "qg", "aqk", "kt")
@@ -72,16 +85,21 @@ def chunk_tensors(k: torch.Tensor, q: torch.Tensor, a: torch.Tensor, b: torch.Te
                 kt=R["kt"](k * (G[:, -1:] - G).exp()), gl=G[:, -1].exp())
 
 
-def model_forward(x, rounded: Iterable[str] = (), chunk_size: int = 32) -> Tuple[torch.Tensor, torch.Tensor]:
+def model_forward(x, rounded: Iterable[str] = (), chunk_size: int = 32,
+                  intra: str = "bf16") -> Tuple[torch.Tensor, torch.Tensor]:
     """(out [B, T, HV, V], final state [N, HV, V, K]) in float64 for the validation inputs ``x`` (a KDAInputs: the
     gate, the key/query l2 norm and the β sigmoid applied, v-first states), the points in ``rounded`` rounded as
-    the kernels round them (to nearest)."""
+    the kernels round them (to nearest bf16; aqk and UO as ``intra`` says: INTRA)."""
     from fastkda.reference import _activate, _segments
     rounded = set(rounded)
     unknown = rounded - set(POINTS)
     if unknown:
         raise ValueError(f"rounded: unknown rounding points {sorted(unknown)}; expected some of {POINTS}")
+    if intra not in INTRA:
+        raise ValueError(f"intra: expected one of {sorted(INTRA)}, got {intra!r}")
     R = {p: (_bf16 if p in rounded else (lambda t: t)) for p in POINTS}
+    for p in ("aqk", "UO"):
+        R[p] = INTRA[intra] if p in rounded else R[p]
     q, k, v, a, b = _activate(x.q, x.k, x.v, x.g, x.beta, x.A_log, x.dt_bias, x.lower_bound, True, True, True,
                               torch.float64)
     if "gate" in rounded:
@@ -97,17 +115,17 @@ def model_forward(x, rounded: Iterable[str] = (), chunk_size: int = 32) -> Tuple
         for t0 in range(bos, eos, chunk_size):
             t1 = min(eos, t0 + chunk_size)
             kk, qq, vv, aa, bb = (t[bi, t0:t1].transpose(0, 1) for t in (k, q, v, a, b))   # heads first
-            c = chunk_tensors(kk, qq, aa, bb, x.scale, rounded)
+            c = chunk_tensors(kk, qq, aa, bb, x.scale, rounded - {"aqk"})     # (Aqk rounded where it is used)
             s_op = R["S"](S)
             U = c["tb"] @ vv + c["negw"] @ s_op
-            out[bi, t0:t1] = R["out"](c["qg"] @ s_op + c["aqk"] @ R["UO"](U)).transpose(0, 1)
+            out[bi, t0:t1] = R["out"](c["qg"] @ s_op + R["aqk"](c["aqk"]) @ R["UO"](U)).transpose(0, 1)
             S = c["gl"][:, :, None] * S + c["kt"].transpose(1, 2) @ R["US"](U)
         states.append(S.transpose(-1, -2))
     return out, torch.stack(states) if states else torch.zeros(0, HV, V, K, dtype=torch.float64)
 
 
 def budget(x, truth: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, chunk_size: int = 32,
-           without: Iterable[str] = ()) -> Dict[str, float]:
+           without: Iterable[str] = (), intra: str = "bf16") -> Dict[str, float]:
     """The output's relative L2 error (the validation suite's metric and floor) of the model with no rounding
     point ("none"), every one ("all"), each one alone ("only-P") and every one but P ("all-P"); with ``without``
     (a set of points) also every one but those ("all-P-Q...")."""
@@ -119,7 +137,7 @@ def budget(x, truth: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, chunk_s
     floor = metrics.magnitude_floor(x.input_scale() * x.scale, ref_out.numel())
 
     def err(points):
-        return metrics.relative_l2(model_forward(x, points, chunk_size)[0], ref_out, floor)
+        return metrics.relative_l2(model_forward(x, points, chunk_size, intra)[0], ref_out, floor)
 
     res = {"none": err(()), "all": err(POINTS)}
     for p in POINTS:
@@ -138,6 +156,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1336656577, help="the validation run seed")
     ap.add_argument("--size", default="full", choices=("small", "full"))
     ap.add_argument("--without", default="", help="comma-separated points: also the error with every other one")
+    ap.add_argument("--intra", default="bf16", choices=sorted(INTRA),
+                    help="the output's intra-chunk product's operands (tf32: the session-40 candidate)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     without = [p for p in args.without.split(",") if p]
@@ -150,9 +170,9 @@ def main(argv=None) -> int:
     if case is None:
         ap.error(f"--case: {args.case!r} is not a case of tier {args.tier} ({[c.name for c in cases]})")
     x = case.build(torch.Generator().manual_seed(suite.case_seed(args.seed, case.tier, case.name)))
-    res = budget(x, suite.compute_truth(x, case.truth, "cpu")[:2], without=without)
-    print(f"{case.tier}/{case.name} run seed {args.seed} ({x.describe()}): out rel L2 all {res['all']:.3e}, "
-          f"none {res['none']:.1e}")
+    res = budget(x, suite.compute_truth(x, case.truth, "cpu")[:2], without=without, intra=args.intra)
+    print(f"{case.tier}/{case.name} run seed {args.seed} ({x.describe()}), intra-chunk product in {args.intra}: "
+          f"out rel L2 all {res['all']:.3e}, none {res['none']:.1e}")
     print(f"{'point':6} {'alone':>10} {'all but it':>11}")
     for p in sorted(POINTS, key=lambda p: -res["only-" + p]):
         print(f"{p:6} {res['only-' + p]:10.3e} {res['all-' + p]:11.3e}")
@@ -161,7 +181,7 @@ def main(argv=None) -> int:
         print(f"every point but {', '.join(key[4:].split('-'))}: {res[key]:.3e}")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(tier=case.tier, case=case.name, run_seed=args.seed,
-                                                   size=args.size, errors=res), indent=1))
+                                                   size=args.size, intra=args.intra, errors=res), indent=1))
     return 0
 
 

@@ -74,6 +74,27 @@ def test_a_set_of_points_left_out_is_the_model_without_them():
     assert res["all-aqk-UO"] == metrics.relative_l2(out, truth, floor)
 
 
+def test_the_intra_chunk_operands_are_rounded_to_bf16_or_truncated_to_tf32():
+    tool = _tool()
+    t = torch.randn(4096, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 100
+    tf = tool._tf32(t)
+    assert bool(((tf.float().view(torch.int32) & 0x1FFF) == 0).all())            # 10 fraction bits left
+    assert bool((tf.abs() <= t.float().double().abs()).all())                      # truncated toward zero
+    assert float(((tf - t) / t).abs().max()) < 2.0 ** -10
+    x = _inputs(lens=(96,), HV=1)
+    exact, _ = tool.model_forward(x, ())
+    moved = {intra: float((tool.model_forward(x, {"UO"}, intra=intra)[0] - exact).norm() / exact.norm())
+             for intra in ("tf32", "bf16")}
+    # tf32 keeps 3 more bits than bf16: its truncation moves the output ~4x less than bf16's rounding to nearest
+    assert 0 < moved["tf32"] < moved["bf16"] / 2, moved
+    # the kernels' arithmetic is the default: Aqk rounded to bf16 once, where the product takes it
+    got, _ = tool.model_forward(x, {"aqk"})
+    c_exact, _ = tool.model_forward(x, ())
+    assert not torch.equal(got, c_exact) and torch.equal(got, tool.model_forward(x, {"aqk"}, intra="bf16")[0])
+    with pytest.raises(ValueError, match="intra: expected one of"):
+        tool.model_forward(x, (), intra="fp16")
+
+
 def test_unknown_points_are_refused_by_name():
     with pytest.raises(ValueError, match="rounded: unknown rounding points"):
         _tool().model_forward(_inputs(), {"W"})
@@ -88,7 +109,7 @@ def test_the_command_line_reports_a_case_and_writes_json(tmp_path, capsys):
     assert _tool().main(["--tier", "model", "--case", "synthetic_model_varlen", "--size", "small", "--seed", "3",
                          "--json", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "model/synthetic_model_varlen run seed 3" in text and "aqk" in text
+    assert "model/synthetic_model_varlen run seed 3" in text and "aqk" in text and "in bf16" in text
     data = json.loads(path.read_text())
-    assert data["case"] == "synthetic_model_varlen" and data["run_seed"] == 3
+    assert data["case"] == "synthetic_model_varlen" and data["run_seed"] == 3 and data["intra"] == "bf16"
     assert 1e-3 < data["errors"]["all"] < 1e-2 and data["errors"]["none"] < 1e-12
