@@ -17,10 +17,10 @@ bf16 at these points, per 32-token chunk (r = G_last / 2, S the state, U the chu
     S      the state as the left operand of −W·S and Qg·S (it is carried in fp32)
     US     U as the operand of the state update Ktᵀ·U
     UO     U as the operand of the output's intra-chunk product Aqk·U
+    out    the output itself
 
 `--intra tf32` models a candidate instead (docs/perf-notes.md, session 40): that product in tf32, Aqk kept in fp32 and
 both operands truncated to tf32 as the tensor core reads them (the points aqk and UO, then).
-    out    the output itself
 
 (T·diag(β) is carried as bf16 high and low halves, ~16 bits: not modelled; fp32 sums are not either.) Errors from
 independent roundings add in quadrature, so each point's error alone ("only") says what removing it would buy
@@ -128,7 +128,7 @@ def budget(x, truth: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, chunk_s
            without: Iterable[str] = (), intra: str = "bf16") -> Dict[str, float]:
     """The output's relative L2 error (the validation suite's metric and floor) of the model with no rounding
     point ("none"), every one ("all"), each one alone ("only-P") and every one but P ("all-P"); with ``without``
-    (a set of points) also every one but those ("all-P-Q...")."""
+    (a set of points) also every one but those ("all-P-Q..."); ``intra`` as in model_forward."""
     from fastkda.validation import metrics, suite
     unknown = set(without) - set(POINTS)
     if unknown:

@@ -89,8 +89,7 @@ def test_the_intra_chunk_operands_are_rounded_to_bf16_or_truncated_to_tf32():
     assert 0 < moved["tf32"] < moved["bf16"] / 2, moved
     # the kernels' arithmetic is the default: Aqk rounded to bf16 once, where the product takes it
     got, _ = tool.model_forward(x, {"aqk"})
-    c_exact, _ = tool.model_forward(x, ())
-    assert not torch.equal(got, c_exact) and torch.equal(got, tool.model_forward(x, {"aqk"}, intra="bf16")[0])
+    assert not torch.equal(got, exact) and torch.equal(got, tool.model_forward(x, {"aqk"}, intra="bf16")[0])
     with pytest.raises(ValueError, match="intra: expected one of"):
         tool.model_forward(x, (), intra="fp16")
 
