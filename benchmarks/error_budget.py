@@ -2,7 +2,7 @@
 off, judged against the validation suite's float64 truth.
 
     python benchmarks/error_budget.py [--tier model] [--case NAME] [--seed RUN_SEED] [--size full|small]
-                                      [--without P,Q,...] [--intra bf16|tf32] [--json PATH]
+                                      [--without P,Q,...] [--intra bf16|tf32|split] [--json PATH]
 
 fastkda's kernels (all routes: the two stages and the fused kernel, bitwise equal) compute in fp32 and round to
 bf16 at these points, per 32-token chunk (r = G_last / 2, S the state, U the chunk's new values):
@@ -20,7 +20,9 @@ bf16 at these points, per 32-token chunk (r = G_last / 2, S the state, U the chu
     out    the output itself
 
 `--intra tf32` models a candidate instead (docs/perf-notes.md, session 40): that product in tf32, Aqk kept in fp32 and
-both operands truncated to tf32 as the tensor core reads them (the points aqk and UO, then).
+both operands truncated to tf32 as the tensor core reads them (the points aqk and UO, then). `--intra split` models
+another (session 41): O = (Qg − Aqk·W)·S + (Aqk·T·diag(β))·V, whose intra-chunk part takes the values V (exact in bf16)
+instead of U, Qg − Aqk·W rounded once more where Qg is (aqk and UO round nothing, then).
 
 (T·diag(β) is carried as bf16 high and low halves, ~16 bits: not modelled; fp32 sums are not either.) Errors from
 independent roundings add in quadrature, so each point's error alone ("only") says what removing it would buy
@@ -53,9 +55,11 @@ def _tf32(t: torch.Tensor) -> torch.Tensor:
     return (t.to(torch.float32).view(torch.int32) & ~0x1FFF).view(torch.float32).to(torch.float64)
 
 
-INTRA = {"bf16": _bf16, "tf32": _tf32}
-"""How the output's intra-chunk product takes its operands Aqk and U (the points aqk and UO): bf16 in the kernels,
-tf32 in the session-40 candidate."""
+INTRA = {"bf16": _bf16, "tf32": _tf32, "split": None}
+"""How the output's intra-chunk part is formed. bf16 (the kernels) and tf32 (the session-40 candidate): the product
+Aqk·U with both operands (the points aqk and UO) in that format. split (session 41): no such product; the output is
+(Qg − Aqk·W)·S + (Aqk·T·diag(β))·V, Aqk, W and Aqk·T·diag(β) exact and Qg − Aqk·W rounded once more where Qg is (from
+the stored Qg, as a chain that corrects the producers' tile would)."""
 
 
 STAGE1_POINTS = ("opk", "opq", "negw", "qg", "aqk", "kt")
@@ -89,7 +93,7 @@ def model_forward(x, rounded: Iterable[str] = (), chunk_size: int = 32,
                   intra: str = "bf16") -> Tuple[torch.Tensor, torch.Tensor]:
     """(out [B, T, HV, V], final state [N, HV, V, K]) in float64 for the validation inputs ``x`` (a KDAInputs: the
     gate, the key/query l2 norm and the β sigmoid applied, v-first states), the points in ``rounded`` rounded as
-    the kernels round them (to nearest bf16; aqk and UO as ``intra`` says: INTRA)."""
+    the kernels round them (to nearest bf16; the output's intra-chunk part as ``intra`` says: INTRA)."""
     from fastkda.reference import _activate, _segments
     rounded = set(rounded)
     unknown = rounded - set(POINTS)
@@ -99,7 +103,7 @@ def model_forward(x, rounded: Iterable[str] = (), chunk_size: int = 32,
         raise ValueError(f"intra: expected one of {sorted(INTRA)}, got {intra!r}")
     R = {p: (_bf16 if p in rounded else (lambda t: t)) for p in POINTS}
     for p in ("aqk", "UO"):
-        R[p] = INTRA[intra] if p in rounded else R[p]
+        R[p] = INTRA[intra] if p in rounded and INTRA[intra] is not None else R[p]
     q, k, v, a, b = _activate(x.q, x.k, x.v, x.g, x.beta, x.A_log, x.dt_bias, x.lower_bound, True, True, True,
                               torch.float64)
     if "gate" in rounded:
@@ -118,7 +122,12 @@ def model_forward(x, rounded: Iterable[str] = (), chunk_size: int = 32,
             c = chunk_tensors(kk, qq, aa, bb, x.scale, rounded - {"aqk"})     # (Aqk rounded where it is used)
             s_op = R["S"](S)
             U = c["tb"] @ vv + c["negw"] @ s_op
-            out[bi, t0:t1] = R["out"](c["qg"] @ s_op + R["aqk"](c["aqk"]) @ R["UO"](U)).transpose(0, 1)
+            if intra == "split":
+                neg_w = chunk_tensors(kk, qq, aa, bb, x.scale, rounded - {"aqk", "negw"})["negw"]   # before rounding
+                o = R["qg"](c["qg"] + c["aqk"] @ neg_w) @ s_op + (c["aqk"] @ c["tb"]) @ vv
+            else:
+                o = c["qg"] @ s_op + R["aqk"](c["aqk"]) @ R["UO"](U)
+            out[bi, t0:t1] = R["out"](o).transpose(0, 1)
             S = c["gl"][:, :, None] * S + c["kt"].transpose(1, 2) @ R["US"](U)
         states.append(S.transpose(-1, -2))
     return out, torch.stack(states) if states else torch.zeros(0, HV, V, K, dtype=torch.float64)
@@ -157,7 +166,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="full", choices=("small", "full"))
     ap.add_argument("--without", default="", help="comma-separated points: also the error with every other one")
     ap.add_argument("--intra", default="bf16", choices=sorted(INTRA),
-                    help="the output's intra-chunk product's operands (tf32: the session-40 candidate)")
+                    help="the output's intra-chunk part: bf16 (the kernels), tf32 or split (candidates: INTRA)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     without = [p for p in args.without.split(",") if p]
@@ -171,7 +180,7 @@ def main(argv=None) -> int:
         ap.error(f"--case: {args.case!r} is not a case of tier {args.tier} ({[c.name for c in cases]})")
     x = case.build(torch.Generator().manual_seed(suite.case_seed(args.seed, case.tier, case.name)))
     res = budget(x, suite.compute_truth(x, case.truth, "cpu")[:2], without=without, intra=args.intra)
-    print(f"{case.tier}/{case.name} run seed {args.seed} ({x.describe()}), intra-chunk product in {args.intra}: "
+    print(f"{case.tier}/{case.name} run seed {args.seed} ({x.describe()}), intra-chunk part: {args.intra}; "
           f"out rel L2 all {res['all']:.3e}, none {res['none']:.1e}")
     print(f"{'point':6} {'alone':>10} {'all but it':>11}")
     for p in sorted(POINTS, key=lambda p: -res["only-" + p]):

@@ -94,6 +94,20 @@ def test_the_intra_chunk_operands_are_rounded_to_bf16_or_truncated_to_tf32():
         tool.model_forward(x, (), intra="fp16")
 
 
+def test_the_split_output_is_the_forward_with_the_values_in_place_of_u():
+    tool = _tool()
+    x = _inputs()
+    exact, exact_state = tool.model_forward(x, ())
+    out, state = tool.model_forward(x, (), intra="split")
+    # (Qg − Aqk·W)·S + (Aqk·T·diag(β))·V = Qg·S + Aqk·U exactly: the same forward to float64 rounding
+    assert float((out - exact).norm() / exact.norm()) < 1e-12 and torch.equal(state, exact_state)
+    # no operand Aqk or U there: those points round nothing; Qg's point rounds Qg − Aqk·W once more
+    assert torch.equal(tool.model_forward(x, {"aqk", "UO"}, intra="split")[0], out)
+    once, _ = tool.model_forward(x, {"qg"})
+    twice, _ = tool.model_forward(x, {"qg"}, intra="split")
+    assert 0 < float((once - exact).norm()) < float((twice - exact).norm())
+
+
 def test_unknown_points_are_refused_by_name():
     with pytest.raises(ValueError, match="rounded: unknown rounding points"):
         _tool().model_forward(_inputs(), {"W"})
@@ -108,7 +122,7 @@ def test_the_command_line_reports_a_case_and_writes_json(tmp_path, capsys):
     assert _tool().main(["--tier", "model", "--case", "synthetic_model_varlen", "--size", "small", "--seed", "3",
                          "--json", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "model/synthetic_model_varlen run seed 3" in text and "aqk" in text and "in bf16" in text
+    assert "model/synthetic_model_varlen run seed 3" in text and "aqk" in text and "intra-chunk part: bf16" in text
     data = json.loads(path.read_text())
     assert data["case"] == "synthetic_model_varlen" and data["run_seed"] == 3 and data["intra"] == "bf16"
     assert 1e-3 < data["errors"]["all"] < 1e-2 and data["errors"]["none"] < 1e-12
