@@ -123,7 +123,8 @@ def model_forward(x, rounded: Iterable[str] = (), chunk_size: int = 32,
             s_op = R["S"](S)
             U = c["tb"] @ vv + c["negw"] @ s_op
             if intra == "split":
-                neg_w = chunk_tensors(kk, qq, aa, bb, x.scale, rounded - {"aqk", "negw"})["negw"]   # before rounding
+                neg_w = c["negw"] if "negw" not in rounded else \
+                    chunk_tensors(kk, qq, aa, bb, x.scale, rounded - {"aqk", "negw"})["negw"]   # before rounding
                 o = R["qg"](c["qg"] + c["aqk"] @ neg_w) @ s_op + (c["aqk"] @ c["tb"]) @ vv
             else:
                 o = c["qg"] @ s_op + R["aqk"](c["aqk"]) @ R["UO"](U)
