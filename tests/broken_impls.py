@@ -213,6 +213,23 @@ def scribbles_on_inputs(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_boun
     q.zero_()
 
 
+def writes_one_row_past_out(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
+                            final_state=None, cu_seqlens=None) -> None:
+    """Correct outputs, and zeros in the token row after out's last (an off-by-one in a store's mask)."""
+    o, s = _reference(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state, cu_seqlens)
+    _write(out, final_state, o, s)
+    row = out.shape[-2] * out.shape[-1]
+    torch.as_strided(out, (out.numel() + row,), (1,), out.storage_offset())[out.numel():].zero_()
+
+
+def writes_before_final_state(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
+                              final_state=None, cu_seqlens=None) -> None:
+    """Correct outputs, and a zero in the element before final_state's first (a state slot indexed from −1)."""
+    o, s = _reference(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state, cu_seqlens)
+    _write(out, final_state, o, s)
+    torch.as_strided(final_state, (1,), (1,), final_state.storage_offset() - 1).zero_()
+
+
 def l2norm_eps_outside_sqrt(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
                             final_state=None, cu_seqlens=None) -> None:
     """Normalizes q and k as x / (|x| + 1e-6) instead of x / sqrt(|x|^2 + 1e-6): the same for ordinary rows,

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import fastkda
-from fastkda.validation import cases, metrics, quick_check, run_case, run_suite
+from fastkda.validation import cases, metrics, quick_check, run_case, run_suite, suite
 from fastkda.validation.__main__ import main
 from fastkda.validation.metrics import DEFAULT, SLOW_DECAY, Thresholds
 from fastkda.validation.suite import (CRITERIA, case_seed, compute_truth, fla_fwd, reference_fwd, resolve_impl,
@@ -341,7 +341,30 @@ def test_crash_and_input_corruption_fail():
     assert not r.passed and r.failed == ["raised"] and "deliberate failure" in r.message
     r = quick_check(broken.scribbles_on_inputs, seq_lens=[64], H=1, D=64)
     assert not r.passed and r.failed == ["modified_input"]
-    assert set(CRITERIA) >= {"raised", "modified_input", "nonfinite", "out", "state", "token"}
+    assert set(CRITERIA) >= {"raised", "modified_input", "wrote_outside", "nonfinite", "out", "state", "token"}
+
+
+def test_writes_outside_the_outputs_fail():
+    r = quick_check(broken.writes_one_row_past_out, seq_lens=[64], H=1, D=64)
+    assert not r.passed and r.failed == ["wrote_outside"]
+    assert "wrote outside out: 64 of the" in r.message and "64 element(s) past its end" in r.message
+    r = quick_check(broken.writes_before_final_state, seq_lens=[40, 24], H=1, D=64)
+    assert not r.passed and r.failed == ["wrote_outside"]
+    assert "wrote outside final_state: 1 of the" in r.message and "nearest 1 element(s) before its start" in r.message
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_guarded_outputs_are_aligned_nan_views_whose_guards_see_any_write(dtype):
+    buf, view = suite._guarded_nan((2, 3, 5), dtype, torch.device("cpu"))
+    assert view.is_contiguous() and view.shape == (2, 3, 5) and bool(view.isnan().all())
+    assert view.data_ptr() % 16 == 0 and view.data_ptr() == buf.data_ptr() + suite.GUARD_ELEMENTS * buf.element_size()
+    assert suite._guard_message("out", buf, view.numel()) is None
+    view.zero_()                                          # writes inside the view are the implementation's business
+    assert suite._guard_message("out", buf, view.numel()) is None
+    for index, value in ((0, 0.0), (suite.GUARD_ELEMENTS - 1, math.nan), (-1, 1.0)):
+        b = buf.clone()
+        b[index] = value if index != -1 else b[index] + 1     # the first guard element, the last before, the last after
+        assert suite._guard_message("out", b, view.numel()) is not None
 
 
 # ---- report, registry, command line -----------------------------------------------------------------------

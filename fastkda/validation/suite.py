@@ -8,7 +8,8 @@ An implementation is any callable with FlashKDA's ``fwd`` signature::
 that writes ``out`` and ``final_state`` in place. For each case the runner
 
 1. draws the inputs from the case's seed (on the CPU; the same seed gives the same inputs everywhere),
-2. fills ``out`` and ``final_state`` with NaN (an element left unwritten fails the finiteness check),
+2. fills ``out`` and ``final_state`` with NaN (an element left unwritten fails the finiteness check), each a
+   view into a buffer whose guard elements either side must be left as they were (GUARD_ELEMENTS),
 3. calls the implementation on copies of the inputs on ``device`` (and checks it left its inputs intact),
 4. computes the float64 truth from the *same* bf16 inputs, upcast:
    :func:`fastkda.reference.kda_recurrence` (the token recurrence) for short problems, on the CPU;
@@ -55,10 +56,16 @@ RECURRENCE_MAX_WORK = 65536 * 128 * 128
 """Largest problem (tokens x HV x K x V) whose truth the ``auto`` setting computes with the token recurrence
 (on the CPU, a few seconds); larger problems use the float64 chunked reference on the implementation's device."""
 
-CRITERIA = ("raised", "modified_input", "nonfinite", "out", "state", "token", "invalid_case")
-"""Names of the failure criteria in :attr:`CaseResult.failed`: the call raised; it modified an input; NaN/Inf
-in out or final_state (unwritten elements included); out / final-state relative L2 over threshold; per-token
-error over threshold; the case could not tell a windowed implementation apart (the suite's own check)."""
+CRITERIA = ("raised", "modified_input", "wrote_outside", "nonfinite", "out", "state", "token", "invalid_case")
+"""Names of the failure criteria in :attr:`CaseResult.failed`: the call raised; it modified an input; it wrote
+memory just before or after out or final_state; NaN/Inf in out or final_state (unwritten elements included);
+out / final-state relative L2 over threshold; per-token error over threshold; the case could not tell a windowed
+implementation apart (the suite's own check)."""
+
+GUARD_ELEMENTS = 4096
+"""out and final_state are views into buffers with this many guard elements on either side, each holding a known
+finite value; a guard element that changes is a write outside the output (a row past a sequence's end, a state
+slot past the last). 4,096 elements keep the views' data pointers 16-byte aligned, as TMA requires."""
 
 WINDOW_MARGIN = 10.0
 """The long tier's cases must put a windowed implementation this many times above the rel L2 threshold
@@ -268,6 +275,37 @@ def _nonfinite_message(name: str, t: torch.Tensor) -> str:
     return f"{name} has {count} non-finite element(s) of {t.numel()} (first at index {first})"
 
 
+def _guarded_nan(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, view): a contiguous NaN-filled tensor of ``shape`` inside a buffer of GUARD_ELEMENTS guard
+    elements either side. The guards hold the integers -64..63 in turn (exact in every float dtype): a write of
+    zeros, of NaN or of any result is seen."""
+    n = math.prod(shape)
+    buf = torch.empty(n + 2 * GUARD_ELEMENTS, dtype=dtype, device=device)
+    pattern = (torch.arange(GUARD_ELEMENTS, device=device) % 128 - 64).to(dtype)
+    buf[:GUARD_ELEMENTS] = pattern
+    buf[GUARD_ELEMENTS + n:] = pattern
+    view = buf[GUARD_ELEMENTS:GUARD_ELEMENTS + n].view(tuple(shape))
+    view.fill_(math.nan)
+    return buf, view
+
+
+def _guard_message(name: str, buf: torch.Tensor, n: int) -> Optional[str]:
+    """Why the guards around a guarded view of n elements (from :func:`_guarded_nan`) show a write, or None."""
+    pattern = (torch.arange(GUARD_ELEMENTS, device=buf.device) % 128 - 64).to(buf.dtype)
+    before = buf[:GUARD_ELEMENTS].ne(pattern)                   # (a NaN written there differs too)
+    after = buf[GUARD_ELEMENTS + n:].ne(pattern)
+    if not bool(before.any()) and not bool(after.any()):
+        return None
+    parts = []
+    if bool(before.any()):
+        parts.append(f"{int(before.sum())} of the {GUARD_ELEMENTS} elements before it "
+                     f"(nearest {GUARD_ELEMENTS - int(before.nonzero().max())} element(s) before its start)")
+    if bool(after.any()):
+        parts.append(f"{int(after.sum())} of the {GUARD_ELEMENTS} elements after it "
+                     f"(farthest {int(after.nonzero().max()) + 1} element(s) past its end)")
+    return f"wrote outside {name}: " + " and ".join(parts)
+
+
 def _token_location(x: KDAInputs, flat: int) -> str:
     """'token t of sequence n' for a flat token index (b * T + t)."""
     T = x.q.shape[1]
@@ -301,8 +339,8 @@ def run_case(impl: Impl, case: Case, *, device: Union[str, torch.device] = "cpu"
     inputs = lambda: {"q": xd.q, "k": xd.k, "v": xd.v, "g": xd.g, "beta": xd.beta, "A_log": xd.A_log,  # noqa
                       "dt_bias": xd.dt_bias, "initial_state": xd.initial_state, "cu_seqlens": xd.cu_seqlens}
     pristine = {name: t.clone() for name, t in inputs().items() if t is not None}
-    out = torch.full(xd.v.shape, math.nan, dtype=xd.v.dtype, device=device)
-    final_state = torch.full(x.state_shape, math.nan, dtype=x.state_dtype, device=device)
+    out_buf, out = _guarded_nan(xd.v.shape, xd.v.dtype, device)
+    state_buf, final_state = _guarded_nan(x.state_shape, x.state_dtype, device)
     t0 = time.perf_counter()
     try:
         with torch.no_grad():
@@ -318,6 +356,10 @@ def run_case(impl: Impl, case: Case, *, device: Union[str, torch.device] = "cpu"
     for name, before in pristine.items():
         if not torch.equal(before, current[name]):
             problems.append(("modified_input", f"modified its input {name}"))
+    for name, buf, view in (("out", out_buf, out), ("final_state", state_buf, final_state)):
+        why = _guard_message(name, buf, view.numel())
+        if why:
+            problems.append(("wrote_outside", why))
     out_c, state_c = out.cpu(), final_state.cpu()
     for name, t in (("out", out_c), ("final_state", state_c)):
         if not metrics.is_finite(t):
