@@ -275,13 +275,18 @@ def _nonfinite_message(name: str, t: torch.Tensor) -> str:
     return f"{name} has {count} non-finite element(s) of {t.numel()} (first at index {first})"
 
 
+def _guard_pattern(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """What each guard holds: the integers -64..63 in turn, exact in every float dtype, so that a write of zeros,
+    of NaN or of any result shows."""
+    return (torch.arange(GUARD_ELEMENTS, device=device) % 128 - 64).to(dtype)
+
+
 def _guarded_nan(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
     """(buffer, view): a contiguous NaN-filled tensor of ``shape`` inside a buffer of GUARD_ELEMENTS guard
-    elements either side. The guards hold the integers -64..63 in turn (exact in every float dtype): a write of
-    zeros, of NaN or of any result is seen."""
+    elements either side (:func:`_guard_pattern`)."""
     n = math.prod(shape)
     buf = torch.empty(n + 2 * GUARD_ELEMENTS, dtype=dtype, device=device)
-    pattern = (torch.arange(GUARD_ELEMENTS, device=device) % 128 - 64).to(dtype)
+    pattern = _guard_pattern(dtype, device)
     buf[:GUARD_ELEMENTS] = pattern
     buf[GUARD_ELEMENTS + n:] = pattern
     view = buf[GUARD_ELEMENTS:GUARD_ELEMENTS + n].view(tuple(shape))
@@ -291,7 +296,7 @@ def _guarded_nan(shape: Sequence[int], dtype: torch.dtype, device: torch.device)
 
 def _guard_message(name: str, buf: torch.Tensor, n: int) -> Optional[str]:
     """Why the guards around a guarded view of n elements (from :func:`_guarded_nan`) show a write, or None."""
-    pattern = (torch.arange(GUARD_ELEMENTS, device=buf.device) % 128 - 64).to(buf.dtype)
+    pattern = _guard_pattern(buf.dtype, buf.device)
     before = buf[:GUARD_ELEMENTS].ne(pattern)                   # (a NaN written there differs too)
     after = buf[GUARD_ELEMENTS + n:].ne(pattern)
     if not bool(before.any()) and not bool(after.any()):
