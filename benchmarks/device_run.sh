@@ -21,7 +21,7 @@ peers=--no-peers
 [ "${WITH_PEERS:-0}" = 1 ] && peers=
 status=0
 python3 benchmarks/profile_stages.py --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" | tail -7
-python3 -m fastkda.validation --device cuda --size full --json "$OUT/validation.json" --quiet \
+python3 -m fastkda.validation --device cuda --size full --calls 2 --json "$OUT/validation.json" --quiet \
     > "$OUT/validation.log" 2>&1 || status=1
 tail -3 "$OUT/validation.log"
 python3 -m fastkda.bench $peers --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1

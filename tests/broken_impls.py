@@ -230,6 +230,20 @@ def writes_before_final_state(q, k, v, g, beta, scale, out, A_log, dt_bias, lowe
     torch.as_strided(final_state, (1,), (1,), final_state.storage_offset() - 1).zero_()
 
 
+def differs_on_repeat(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
+                      final_state=None, cu_seqlens=None) -> None:
+    """Correct outputs on its first call; on every later one the last output element one bf16 step off (a race
+    that one call in several loses: every output is accurate, only a repeat tells)."""
+    o, s = _reference(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state, cu_seqlens)
+    _write(out, final_state, o, s)
+    differs_on_repeat.calls += 1
+    if differs_on_repeat.calls > 1:
+        out.view(-1)[-1:].view({2: torch.int16, 4: torch.int32}[out.element_size()]).add_(1)   # one step up
+
+
+differs_on_repeat.calls = 0
+
+
 def l2norm_eps_outside_sqrt(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
                             final_state=None, cu_seqlens=None) -> None:
     """Normalizes q and k as x / (|x| + 1e-6) instead of x / sqrt(|x|^2 + 1e-6): the same for ordinary rows,

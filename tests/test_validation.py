@@ -341,7 +341,8 @@ def test_crash_and_input_corruption_fail():
     assert not r.passed and r.failed == ["raised"] and "deliberate failure" in r.message
     r = quick_check(broken.scribbles_on_inputs, seq_lens=[64], H=1, D=64)
     assert not r.passed and r.failed == ["modified_input"]
-    assert set(CRITERIA) >= {"raised", "modified_input", "wrote_outside", "nonfinite", "out", "state", "token"}
+    assert set(CRITERIA) >= {"raised", "modified_input", "wrote_outside", "nondeterministic", "nonfinite", "out",
+                             "state", "token"}
 
 
 def test_writes_outside_the_outputs_fail():
@@ -351,6 +352,20 @@ def test_writes_outside_the_outputs_fail():
     r = quick_check(broken.writes_before_final_state, seq_lens=[40, 24], H=1, D=64)
     assert not r.passed and r.failed == ["wrote_outside"]
     assert "wrote outside final_state: 1 of the" in r.message and "nearest 1 element(s) before its start" in r.message
+
+
+def test_repeated_calls_must_give_the_same_bits():
+    case = cases.quick_case([64], H=1, D=64)
+    broken.differs_on_repeat.calls = 0
+    assert run_case(broken.differs_on_repeat, case, seed=3).passed        # one call: accurate, nothing to compare
+    broken.differs_on_repeat.calls = 0
+    r = run_case(broken.differs_on_repeat, case, seed=3, calls=3)
+    assert not r.passed and r.failed == ["nondeterministic"]
+    assert r.message.startswith("out of call 2 differs from call 1's in 1 of 4096 element(s)")
+    assert run_case(reference_fwd, case, seed=3, calls=3).passed          # deterministic: passes every repeat
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="calls"):
+            run_case(reference_fwd, case, seed=3, calls=bad)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -414,6 +429,8 @@ def test_cli_exit_status(tmp_path, capsys):
     assert "run seed=7" in printed and "PASS" in printed
     assert main(["--impl", "no_such_impl", "--tier", "quick"]) == 1
     assert main(["--impl", "reference", "--tier", "varlen", "--case", "single_token_sequences"]) == 0
+    assert main(["--impl", "reference", "--tier", "quick", "--calls", "2", "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["calls"] == 2
 
 
 def test_cli_as_module_subprocess():

@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default=None, choices=SIZES, help="problem sizes (default: full on cuda, small on cpu)")
     p.add_argument("--seed", type=int, default=None, help="run seed to replay (default: a fresh one, printed)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument("--calls", type=int, default=1,
+                   help="calls per case; from 2, each call's outputs must equal the first's bit for bit (default 1)")
     p.add_argument("--quiet", action="store_true", help="print only the table, not each case as it finishes")
     return p
 
@@ -37,7 +39,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = args.device or default_device()
     size = args.size or default_size(device)
     seed = fresh_seed() if args.seed is None else args.seed
-    print(f"fastkda.validation: impl={args.impl} tiers={args.tier} device={device} size={size} "
+    print(f"fastkda.validation: impl={args.impl} tiers={args.tier} device={device} size={size} calls={args.calls} "
           f"run seed={seed} (replay with --seed {seed})", flush=True)
 
     start = time.perf_counter()
@@ -52,7 +54,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         report = run_suite(args.impl, tiers=args.tier, device=device, size=size, seed=seed,
                            cases=None if args.case is None else [c.strip() for c in args.case.split(",")],
-                           progress=progress)
+                           progress=progress, calls=args.calls)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -56,11 +56,12 @@ RECURRENCE_MAX_WORK = 65536 * 128 * 128
 """Largest problem (tokens x HV x K x V) whose truth the ``auto`` setting computes with the token recurrence
 (on the CPU, a few seconds); larger problems use the float64 chunked reference on the implementation's device."""
 
-CRITERIA = ("raised", "modified_input", "wrote_outside", "nonfinite", "out", "state", "token", "invalid_case")
+CRITERIA = ("raised", "modified_input", "wrote_outside", "nondeterministic", "nonfinite", "out", "state", "token",
+            "invalid_case")
 """Names of the failure criteria in :attr:`CaseResult.failed`: the call raised; it modified an input; it wrote
-memory just before or after out or final_state; NaN/Inf in out or final_state (unwritten elements included);
-out / final-state relative L2 over threshold; per-token error over threshold; the case could not tell a windowed
-implementation apart (the suite's own check)."""
+memory just before or after out or final_state; a repeated call (``calls`` > 1) gave other bits; NaN/Inf in out or
+final_state (unwritten elements included); out / final-state relative L2 over threshold; per-token error over
+threshold; the case could not tell a windowed implementation apart (the suite's own check)."""
 
 GUARD_ELEMENTS = 4096
 """out and final_state are views into buffers with this many guard elements on either side, each holding a known
@@ -122,6 +123,7 @@ class SuiteReport:
     tiers: List[str]
     results: List[CaseResult]
     seconds: float = 0.0
+    calls: int = 1
 
     @property
     def passed(self) -> bool:
@@ -133,7 +135,7 @@ class SuiteReport:
 
     def as_dict(self) -> dict:
         return {"impl": self.impl, "device": self.device, "size": self.size, "run_seed": self.run_seed,
-                "tiers": self.tiers, "passed": self.passed, "seconds": round(self.seconds, 2),
+                "tiers": self.tiers, "calls": self.calls, "passed": self.passed, "seconds": round(self.seconds, 2),
                 "results": [r.as_dict() for r in self.results]}
 
     def to_json(self, indent: int = 1) -> str:
@@ -322,8 +324,29 @@ def _token_location(x: KDAInputs, flat: int) -> str:
     return f"token {t - cu[n]} of sequence {n} (packed index {t})"
 
 
-def run_case(impl: Impl, case: Case, *, device: Union[str, torch.device] = "cpu", seed: int) -> CaseResult:
-    """Run ``impl`` on ``case`` drawn with ``seed`` and judge it against float64 truth."""
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """t's bits as integers of its width (NaN payloads compare too)."""
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _repeat_message(name: str, first: torch.Tensor, again: torch.Tensor, call: int) -> Optional[str]:
+    """Why call ``call``'s ``again`` differs from the first call's ``first`` bit for bit, or None."""
+    differ = _bits(first).ne(_bits(again))
+    if not bool(differ.any()):
+        return None
+    gap = (first.double() - again.double()).abs().nan_to_num(math.inf).max()
+    return (f"{name} of call {call} differs from call 1's in {int(differ.sum())} of {first.numel()} element(s) "
+            f"(largest difference {float(gap):.3g})")
+
+
+def run_case(impl: Impl, case: Case, *, device: Union[str, torch.device] = "cpu", seed: int,
+             calls: int = 1) -> CaseResult:
+    """Run ``impl`` on ``case`` drawn with ``seed`` and judge it against float64 truth. With ``calls`` > 1 the
+    implementation runs that many times on the same inputs, each into fresh poisoned and guarded outputs, and every
+    call's out and final state must equal the first's bit for bit (a race between a kernel's partitions, or a read
+    of memory it never wrote, shows as other bits)."""
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls: expected an integer >= 1, got {calls!r}")
     device = torch.device(device)
     thr = case.thresholds
     gen = torch.Generator().manual_seed(int(seed))
@@ -344,27 +367,40 @@ def run_case(impl: Impl, case: Case, *, device: Union[str, torch.device] = "cpu"
     inputs = lambda: {"q": xd.q, "k": xd.k, "v": xd.v, "g": xd.g, "beta": xd.beta, "A_log": xd.A_log,  # noqa
                       "dt_bias": xd.dt_bias, "initial_state": xd.initial_state, "cu_seqlens": xd.cu_seqlens}
     pristine = {name: t.clone() for name, t in inputs().items() if t is not None}
-    out_buf, out = _guarded_nan(xd.v.shape, xd.v.dtype, device)
-    state_buf, final_state = _guarded_nan(x.state_shape, x.state_dtype, device)
-    t0 = time.perf_counter()
-    try:
-        with torch.no_grad():
-            impl(xd.q, xd.k, xd.v, xd.g, xd.beta, xd.scale, out, xd.A_log, xd.dt_bias, xd.lower_bound,
-                 initial_state=xd.initial_state, final_state=final_state, cu_seqlens=xd.cu_seqlens)
-        _sync(device)
-    except Exception as exc:  # the verdict on a crashing implementation is FAIL, with the reason
-        return result([("raised", f"implementation raised {type(exc).__name__}: {exc}")])
-    secs = time.perf_counter() - t0
-
     problems = []
-    current = inputs()
-    for name, before in pristine.items():
-        if not torch.equal(before, current[name]):
-            problems.append(("modified_input", f"modified its input {name}"))
-    for name, buf, view in (("out", out_buf, out), ("final_state", state_buf, final_state)):
-        why = _guard_message(name, buf, view.numel())
-        if why:
-            problems.append(("wrote_outside", why))
+    first = None                                # the first call's (out, final_state), which is judged
+    for call in range(1, calls + 1):
+        out_buf, out = _guarded_nan(xd.v.shape, xd.v.dtype, device)
+        state_buf, final_state = _guarded_nan(x.state_shape, x.state_dtype, device)
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                impl(xd.q, xd.k, xd.v, xd.g, xd.beta, xd.scale, out, xd.A_log, xd.dt_bias, xd.lower_bound,
+                     initial_state=xd.initial_state, final_state=final_state, cu_seqlens=xd.cu_seqlens)
+            _sync(device)
+        except Exception as exc:  # the verdict on a crashing implementation is FAIL, with the reason
+            where = "" if call == 1 else f" (call {call})"
+            return result([("raised", f"implementation raised {type(exc).__name__}{where}: {exc}")])
+        if call == 1:
+            secs = time.perf_counter() - t0
+        current = inputs()
+        for name, before in pristine.items():
+            if not torch.equal(before, current[name]):
+                problems.append(("modified_input", f"modified its input {name}"))
+        for name, buf, view in (("out", out_buf, out), ("final_state", state_buf, final_state)):
+            why = _guard_message(name, buf, view.numel())
+            if why:
+                problems.append(("wrote_outside", why))
+        if first is None:
+            first = (out, final_state)
+        else:
+            for name, before, again in zip(("out", "final_state"), first, (out, final_state)):
+                why = _repeat_message(name, before, again, call)
+                if why:
+                    problems.append(("nondeterministic", why))
+        if problems:
+            break
+    out, final_state = first
     out_c, state_c = out.cpu(), final_state.cpu()
     for name, t in (("out", out_c), ("final_state", state_c)):
         if not metrics.is_finite(t):
@@ -462,12 +498,14 @@ def run_suite(
     seed: Optional[int] = None,
     cases: Optional[Sequence[str]] = None,
     progress: Optional[Callable[[CaseResult], None]] = None,
+    calls: int = 1,
 ) -> SuiteReport:
     """Run ``impl`` (a callable or a registry name, see :func:`resolve_impl`) on the chosen tiers.
 
     ``device`` defaults to CUDA when available; ``size`` to ``"full"`` on CUDA and ``"small"`` otherwise;
     ``seed`` (the run seed) to a fresh one. ``cases`` optionally keeps only cases with these names.
-    ``progress`` is called with each result as it comes.
+    ``progress`` is called with each result as it comes. ``calls``: calls per case, each compared with the
+    first bit for bit (:func:`run_case`).
     """
     impl_name = impl if isinstance(impl, str) else getattr(impl, "__qualname__", repr(impl))
     fn = resolve_impl(impl) if isinstance(impl, str) else impl
@@ -485,12 +523,12 @@ def run_suite(
     t0 = time.perf_counter()
     results = []
     for case in selected:
-        r = run_case(fn, case, device=device, seed=case_seed(run_seed, case.tier, case.name))
+        r = run_case(fn, case, device=device, seed=case_seed(run_seed, case.tier, case.name), calls=calls)
         results.append(r)
         if progress is not None:
             progress(r)
     return SuiteReport(impl=impl_name, device=device, size=size, run_seed=run_seed, tiers=names,
-                       results=results, seconds=time.perf_counter() - t0)
+                       results=results, seconds=time.perf_counter() - t0, calls=calls)
 
 
 # --------------------------------------------------------------------------------------------------------
