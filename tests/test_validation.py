@@ -366,6 +366,9 @@ def test_repeated_calls_must_give_the_same_bits():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="calls"):
             run_case(reference_fwd, case, seed=3, calls=bad)
+    broken.differs_on_repeat.calls = 0                                  # the benchmark's gate repeats by default
+    r = quick_check(broken.differs_on_repeat, seq_lens=[64], H=1, D=64)
+    assert not r.passed and r.failed == ["nondeterministic"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

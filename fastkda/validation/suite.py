@@ -455,16 +455,19 @@ def quick_check(
     device: Union[str, torch.device] = "cpu",
     seed: Optional[int] = None,
     state_dtype: torch.dtype = torch.float32,
+    calls: int = 2,
 ) -> CaseResult:
     """One benchmark-like case on the given shape, judged like every other case (rel L2 5e-3, per-token 5e-2).
 
     ``seq_lens``: one entry gives a fixed ``[1, T, H, D]`` batch with ``cu_seqlens=None``; several entries
     give packed sequences with ``cu_seqlens``. Inputs as the benchmark draws them: q, k, v, g ~ N(0,1) bf16,
     beta logits ~ N(0,1), A_log ~ U(0,1), dt_bias ~ U(0,1), lower_bound -5, scale D**-0.5, initial state
-    0.1 N(0,1) in ``state_dtype``. ``seed`` None draws a fresh one (reported in the result).
+    0.1 N(0,1) in ``state_dtype``. ``seed`` None draws a fresh one (reported in the result). ``calls``: two by
+    default, the second compared with the first bit for bit (:func:`run_case`): this is the benchmark's gate, the
+    last check on exactly the shape it times.
     """
     case = quick_case(seq_lens, H=H, D=D, HV=HV, state_dtype=state_dtype)
-    return run_case(impl, case, device=device, seed=fresh_seed() if seed is None else int(seed))
+    return run_case(impl, case, device=device, seed=fresh_seed() if seed is None else int(seed), calls=calls)
 
 
 def parse_tiers(tiers: Union[str, Iterable[str], None]) -> List[str]:
