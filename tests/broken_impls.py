@@ -232,7 +232,7 @@ def writes_before_final_state(q, k, v, g, beta, scale, out, A_log, dt_bias, lowe
 
 def differs_on_repeat(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
                       final_state=None, cu_seqlens=None) -> None:
-    """Correct outputs on its first call; on every later one the last output element one bf16 step off (a race
+    """Correct outputs on its first call; on every later one the last output element one step of its format off (a race
     that one call in several loses: every output is accurate, only a repeat tells)."""
     o, s = _reference(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state, cu_seqlens)
     _write(out, final_state, o, s)

@@ -8,8 +8,8 @@
 
 :func:`run_benchmark` is the whole run: for each task, fresh inputs; for each implementation, first
 ``fastkda.validation.quick_check`` on that task's shape (two calls, the second compared with the first bit for
-bit), and only if it passes, timing. An implementation
-that fails validation is reported INVALID with its errors and is never timed on that task.
+bit), and only if it passes, timing. An implementation that fails validation is reported INVALID with its
+errors and is never timed on that task.
 """
 
 from __future__ import annotations
