@@ -301,16 +301,15 @@ def _guard_message(name: str, buf: torch.Tensor, n: int) -> Optional[str]:
     pattern = _guard_pattern(buf.dtype, buf.device)
     before = buf[:GUARD_ELEMENTS].ne(pattern)                   # (a NaN written there differs too)
     after = buf[GUARD_ELEMENTS + n:].ne(pattern)
-    if not bool(before.any()) and not bool(after.any()):
-        return None
+    n_before, n_after = int(before.sum()), int(after.sum())
     parts = []
-    if bool(before.any()):
-        parts.append(f"{int(before.sum())} of the {GUARD_ELEMENTS} elements before it "
+    if n_before:
+        parts.append(f"{n_before} of the {GUARD_ELEMENTS} elements before it "
                      f"(nearest {GUARD_ELEMENTS - int(before.nonzero().max())} element(s) before its start)")
-    if bool(after.any()):
-        parts.append(f"{int(after.sum())} of the {GUARD_ELEMENTS} elements after it "
+    if n_after:
+        parts.append(f"{n_after} of the {GUARD_ELEMENTS} elements after it "
                      f"(farthest {int(after.nonzero().max()) + 1} element(s) past its end)")
-    return f"wrote outside {name}: " + " and ".join(parts)
+    return f"wrote outside {name}: " + " and ".join(parts) if parts else None
 
 
 def _token_location(x: KDAInputs, flat: int) -> str:
